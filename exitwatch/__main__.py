@@ -1,0 +1,3 @@
+from exitwatch.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""Exact, narrow readers of /proc. Nothing here interprets what it reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROC = "/proc"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/PID/stat that exitwatch uses."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    num_threads: int
+    starttime: int  # clock ticks since boot (field 22)
+    exit_code: int | None  # raw wait status (field 52), meaningful once the task has exited
+
+
+def boot_id(proc: str = PROC) -> str:
+    with open(f"{proc}/sys/kernel/random/boot_id", encoding="ascii") as f:
+        return f.read().strip()
+
+
+def parse_stat(data: str) -> Stat:
+    """Parse the text of /proc/PID/stat.
+
+    comm may hold spaces and parentheses, so the fields start after the *last* ')'.
+    """
+    lparen = data.index("(")
+    rparen = data.rindex(")")
+    rest = data[rparen + 2 :].split()
+    # rest[0] is field 3; field N is rest[N - 3].
+    return Stat(
+        pid=int(data[:lparen]),
+        comm=data[lparen + 1 : rparen],
+        state=rest[0],
+        ppid=int(rest[1]),
+        num_threads=int(rest[17]),
+        starttime=int(rest[19]),
+        exit_code=int(rest[49]) if len(rest) > 49 else None,
+    )
+
+
+def read_stat(pid: int, proc: str = PROC) -> Stat:
+    """Read /proc/PID/stat. Raises ProcessLookupError when the process is gone."""
+    try:
+        with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError) as err:
+        # ESRCH: the task went away between open() and read().
+        raise ProcessLookupError(pid) from err
+    return parse_stat(data)
+

@@ -1,0 +1,79 @@
+"""What an owner can own, and the one interface each kind of resource implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from exitwatch.owner import Owner
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str  # "container" | "workdir"
+    key: str  # container id, or workdir path
+    owner: Owner
+    name: str = ""  # for people: container name, or the path again
+    group: str | None = None  # compose project, where there is one
+
+
+@dataclass(frozen=True)
+class Found:
+    resource: Resource
+
+
+@dataclass(frozen=True)
+class Gone:
+    kind: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The complete current set of one kind's resources (at start, after a reconnect)."""
+
+    kind: str
+    resources: tuple[Resource, ...]
+
+
+Change = Found | Gone | Snapshot
+Notify = Callable[[Change], None]
+
+
+@dataclass
+class Outcome:
+    """The result of removing one resource (or one compose project)."""
+
+    what: str  # e.g. "container 3f2a… (web-1)", "workdir /tmp/x", "network p_default"
+    kind: str
+    ok: bool
+    detail: str = ""  # "removed", "already gone", or why it failed or was refused
+    refused: bool = False  # a safety check left it alone on purpose
+    extra: dict = field(default_factory=dict)
+
+
+class ResourceKind(abc.ABC):
+    """One kind of resource: list it, watch it for changes, remove it."""
+
+    kind: str
+
+    @abc.abstractmethod
+    def scan(self) -> Snapshot:
+        """List every resource of this kind now. Malformed ones are logged as warnings and skipped."""
+
+    @abc.abstractmethod
+    def start(self, notify: Notify) -> None:
+        """Spawn a thread that reports a Snapshot first, then Found/Gone changes."""
+
+    @abc.abstractmethod
+    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        """Remove what the dead `owner` had. Idempotent: already gone counts as done.
+
+        Check again just before each destructive step; never raise for one resource's
+        failure, report it in its Outcome.
+        """
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the watching thread. Idempotent, returns promptly."""

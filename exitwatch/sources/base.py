@@ -1,0 +1,58 @@
+"""The one interface every exit source implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exitwatch.owner import Owner
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A hint that process `pid` (a thread-group id) may have exited. Always confirm it."""
+
+    pid: int
+    status: int | None = None  # raw wait status, where the source knows it
+    starttime: int | None = None  # the exiting group leader's start time, where known
+    at: float = 0.0  # time.monotonic() when the hint was received
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Hints may have been lost (ENOBUFS, a source restart): re-check every watched owner."""
+
+    reason: str
+
+
+Hint = Exit | Lost
+Emit = Callable[[Hint], None]
+
+
+class SourceError(Exception):
+    """A source cannot run here. The message says why, in plain words."""
+
+
+class Source(abc.ABC):
+    """Turns process exits into hints for the watched owners.
+
+    `start` spawns the source's own thread, which calls `emit` for each hint about a
+    watched pid. A source may emit hints for pids it was not asked about; the consumer
+    ignores them. `watch`/`unwatch` may be called from any thread.
+    """
+
+    name: str
+
+    @abc.abstractmethod
+    def start(self, emit: Emit) -> None: ...
+
+    @abc.abstractmethod
+    def watch(self, owner: Owner) -> None: ...
+
+    @abc.abstractmethod
+    def unwatch(self, owner: Owner) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the thread and release kernel resources. Idempotent, returns promptly."""

@@ -54,4 +54,3 @@ def read_stat(pid: int, proc: str = PROC) -> Stat:
         # ESRCH: the task went away between open() and read().
         raise ProcessLookupError(pid) from err
     return parse_stat(data)
-

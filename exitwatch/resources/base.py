@@ -60,7 +60,7 @@ class ResourceKind(abc.ABC):
 
     @abc.abstractmethod
     def scan(self) -> Snapshot:
-        """List every resource of this kind now. Malformed ones are logged as warnings and skipped."""
+        """List every resource of this kind now; malformed ones are logged and skipped."""
 
     @abc.abstractmethod
     def start(self, notify: Notify) -> None:

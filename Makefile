@@ -1,0 +1,56 @@
+# exitwatch: `make run` and `make test` work on a fresh Debian 12 machine, as root.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+# Debian's own interpreter and bookworm's libraries: what the .deb runs on.
+DEBIAN_PY := /usr/bin/python3
+
+APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
+	python3-psutil python3-docker python3-click python3-pytest python3-hypothesis \
+	clang libbpf-dev gcc util-linux
+
+.PHONY: all deps apt venv test unit lint run clean
+
+all: deps
+
+deps: apt venv
+
+# Installs only what is missing, so a ready machine pays nothing.
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "apt: installing$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q --upgrade -e '.[test]' ruff
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check exitwatch tests
+	$(VENV)/bin/ruff format --check exitwatch tests
+
+# The whole suite twice: under the newest PyPI libraries, and under Debian's python3 with
+# bookworm's packages (what the .deb depends on).
+test: deps lint
+	$(VPY) -m pytest -q
+	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider
+
+# A Docker engine is started on the default socket if none answers there.
+run: deps
+	@if ! docker -H unix:///var/run/docker.sock version >/dev/null 2>&1; then \
+		tests/engine.sh start /var/lib/exitwatch-engine /var/run/docker.sock; \
+	fi
+	$(VENV)/bin/exitwatch agent $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -112,7 +112,7 @@ def agent(**options: object) -> None:
     try:
         source, why = pick(config.source, poll_interval=config.poll_interval)
     except SourceError as err:
-        raise click.ClickException(f"source {config.source}: {err}") from None
+        raise click.ClickException(str(err)) from None
     log.info("exitwatch %s starting: %s", __version__, config.describe())
     log.info("exit source %s", why)
     agent = Agent(config, _kinds(config), source)

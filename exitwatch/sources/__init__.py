@@ -1,0 +1,114 @@
+"""Pick the exit source once, at start, and say why.
+
+Candidates are tried in order; each is checked for the reasons it cannot run here, then
+proven by a self-test on a real throwaway child. Poll always works and comes last.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exitwatch.owner import owner_of
+from exitwatch.sources import netlink
+from exitwatch.sources.base import Exit, Hint, Source, SourceError
+from exitwatch.sources.poll import PollSource
+
+__all__ = ["CANDIDATES", "MODES", "Candidate", "Source", "SourceError", "pick", "self_test"]
+
+log = logging.getLogger(__name__)
+
+SELF_TEST_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    problem: Callable[[], str | None]  # why it cannot run here, checked before trying
+    make: Callable[[], Source]
+    feature: Callable[[], str]  # what the self-test proved, for the reason line
+
+
+# Tried in this order by "auto"; a new source is one more line here.
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("netlink", netlink.problem, netlink.NetlinkSource, netlink.feature),
+)
+MODES: tuple[str, ...] = ("auto", *(c.name for c in CANDIDATES), PollSource.name)
+
+
+def self_test(make: Callable[[], Source], timeout: float = SELF_TEST_TIMEOUT) -> None:
+    """Prove a source reports a real exit: raises SourceError if it does not within `timeout`.
+
+    The child is forked before the source starts its thread, so the fork never copies a
+    half-held lock of it. The tested instance is stopped afterwards; the caller gets a fresh
+    one, because a source is started once, with the emit of the agent.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(w)
+            os.read(r, 1)
+        finally:
+            os._exit(0)
+    os.close(r)
+    seen = threading.Event()
+
+    def emit(hint: Hint) -> None:
+        if isinstance(hint, Exit) and hint.pid == pid:
+            seen.set()
+
+    source = make()
+    try:
+        source.start(emit)
+        source.watch(owner_of(pid))
+        os.close(w)
+        w = -1
+        if not seen.wait(timeout):
+            raise SourceError(f"no exit hint for a test child within {timeout:g} s "
+                              "(self-test timed out)")
+    finally:
+        source.stop()
+        if w >= 0:
+            os.close(w)
+        os.waitpid(pid, 0)
+
+
+def _try(candidate: Candidate) -> tuple[Source, str]:
+    reason = candidate.problem()
+    if reason is not None:
+        raise SourceError(reason)
+    self_test(candidate.make)
+    return candidate.make(), f"{candidate.name}: self-test passed ({candidate.feature()})"
+
+
+def pick(mode: str, *, poll_interval: float) -> tuple[Source, str]:
+    """The source to use (not yet started) and a one-line reason it was chosen.
+
+    `mode` is one of MODES. An explicitly named source that cannot run raises SourceError;
+    "auto" falls back, down to poll.
+    """
+    if mode not in MODES:
+        raise SourceError(f"unknown source {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == PollSource.name:
+        return PollSource(poll_interval), "poll: chosen explicitly"
+    problems = []
+    for candidate in CANDIDATES:
+        if mode not in ("auto", candidate.name):
+            continue
+        try:
+            source, reason = _try(candidate)
+        except SourceError as err:
+            if mode == candidate.name:
+                raise SourceError(f"{candidate.name} unavailable: {err}") from err
+            log.warning("source %s unavailable: %s", candidate.name, err)
+            problems.append(f"{candidate.name} unavailable: {err}")
+            continue
+        log.info("source %s", reason)
+        return source, reason
+    reason = "poll: " + "; ".join(problems)
+    log.info("source %s", reason)
+    return PollSource(poll_interval), reason

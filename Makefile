@@ -15,7 +15,9 @@ APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
 
 all: deps
 
-deps: apt venv
+include exitwatch/sources/Makefile.bpf
+
+deps: apt venv bpf
 
 # Installs only what is missing, so a ready machine pays nothing.
 apt:
@@ -29,7 +31,7 @@ apt:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml | apt
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q --upgrade -e '.[test]' ruff

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 PROC = "/proc"
@@ -15,6 +16,7 @@ class Stat:
     comm: str
     state: str
     ppid: int
+    flags: int  # PF_* (field 9)
     num_threads: int
     starttime: int  # clock ticks since boot (field 22)
     exit_code: int | None  # raw wait status (field 52), meaningful once the task has exited
@@ -39,18 +41,31 @@ def parse_stat(data: str) -> Stat:
         comm=data[lparen + 1 : rparen],
         state=rest[0],
         ppid=int(rest[1]),
+        flags=int(rest[6]),
         num_threads=int(rest[17]),
         starttime=int(rest[19]),
         exit_code=int(rest[49]) if len(rest) > 49 else None,
     )
 
 
-def read_stat(pid: int, proc: str = PROC) -> Stat:
-    """Read /proc/PID/stat. Raises ProcessLookupError when the process is gone."""
+def read_stat(pid: int, proc: str = PROC, tid: int | None = None) -> Stat:
+    """Read /proc/PID/stat (or one thread's, /proc/PID/task/TID/stat).
+
+    Raises ProcessLookupError when the process (or thread) is gone.
+    """
+    path = f"{proc}/{pid}/stat" if tid is None else f"{proc}/{pid}/task/{tid}/stat"
     try:
-        with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             data = f.read()
     except (FileNotFoundError, ProcessLookupError) as err:
         # ESRCH: the task went away between open() and read().
         raise ProcessLookupError(pid) from err
     return parse_stat(data)
+
+
+def thread_ids(pid: int, proc: str = PROC) -> list[int]:
+    """The ids of PID's live threads. Raises ProcessLookupError when the process is gone."""
+    try:
+        return [int(tid) for tid in os.listdir(f"{proc}/{pid}/task")]
+    except (FileNotFoundError, ProcessLookupError) as err:
+        raise ProcessLookupError(pid) from err

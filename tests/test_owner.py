@@ -15,6 +15,7 @@ BOOT = "2a992b04-582f-4283-93d2-115de768301c"
 def test_parse_stat_comm_with_spaces_and_parens():
     fields = ["0"] * 50  # fields 3..52
     fields[3 - 3], fields[4 - 3], fields[20 - 3], fields[22 - 3] = "S", "1", "7", "12345"
+    fields[9 - 3] = "4194560"
     fields[52 - 3] = "2304"
     text = "42 (a) b (c)) " + " ".join(fields) + "\n"
     stat = procfs.parse_stat(text)
@@ -22,6 +23,7 @@ def test_parse_stat_comm_with_spaces_and_parens():
     assert stat.num_threads == 7
     assert stat.starttime == 12345
     assert stat.exit_code == 2304
+    assert stat.flags == 4194560
 
 
 def test_read_stat_of_self_matches_field_22():

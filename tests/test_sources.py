@@ -114,8 +114,16 @@ def test_deliver_stops_at_a_malformed_length():
 
 @pytest.mark.parametrize(
     ("release", "supported"),
-    [("6.6.0", True), ("6.18.44-fc-v857", True), ("6.10.3", True), ("7.0", True),
-     ("6.5.13-generic", False), ("5.15.0-91-generic", False), ("4.19", False), ("x", False)],
+    [
+        ("6.6.0", True),
+        ("6.18.44-fc-v857", True),
+        ("6.10.3", True),
+        ("7.0", True),
+        ("6.5.13-generic", False),
+        ("5.15.0-91-generic", False),
+        ("4.19", False),
+        ("x", False),
+    ],
 )
 def test_exit_filter_needs_linux_6_6(release, supported):
     assert nl.exit_filter_supported(release) is supported
@@ -312,8 +320,8 @@ def test_poll_detects_reused_pid_and_spares_the_living(poll_source, hints):
 # --- pick ------------------------------------------------------------------------------
 
 
-def test_pick_auto_chooses_netlink_here():
-    source, reason = pick("auto", poll_interval=1.0)
+def test_pick_netlink_gives_a_fresh_working_source():
+    source, reason = pick("netlink", poll_interval=1.0)
     assert isinstance(source, NetlinkSource)
     assert reason.startswith("netlink: self-test passed (")
     hints = Hints()
@@ -325,7 +333,7 @@ def test_pick_auto_chooses_netlink_here():
 
 
 def test_pick_explicit_modes():
-    assert MODES == ("auto", "netlink", "poll")
+    assert MODES == ("auto", "ebpf", "netlink", "poll")
     source, reason = pick("poll", poll_interval=0.5)
     assert isinstance(source, PollSource) and source.interval == 0.5
     assert reason == "poll: chosen explicitly"
@@ -368,7 +376,10 @@ def in_child_as_nobody(fn):
 def test_pick_falls_back_to_poll_when_not_root():
     out = in_child_as_nobody(lambda: repr(pick("auto", poll_interval=1.0)))
     assert "PollSource" in out
-    assert "poll: netlink unavailable: not root (euid 65534)" in out
+    assert (
+        "poll: ebpf unavailable: not root (euid 65534); netlink unavailable: not root (euid 65534)"
+        in out
+    )
 
 
 def test_pick_netlink_explicitly_when_not_root_says_why():
@@ -384,13 +395,25 @@ def test_pick_netlink_explicitly_when_not_root_says_why():
 
 def test_pick_falls_back_without_cap_net_admin():
     code = "from exitwatch.sources import pick; print(pick('auto', poll_interval=1.0)[1])"
+    # Without CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN the ebpf source cannot load either.
+    drop = "--bounding-set=-net_admin,-bpf,-perfmon,-sys_admin"
     out = subprocess.run(
-        ["setpriv", "--bounding-set=-net_admin", "--", sys.executable, "-c", code],
-        cwd=REPO, check=True, capture_output=True, text=True,
+        ["setpriv", drop, "--", sys.executable, "-c", code],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
-    assert out.strip() == (
-        "poll: netlink unavailable: no CAP_NET_ADMIN in the effective capability set"
+    assert out.startswith("poll: ebpf unavailable: ")
+    assert out.strip().endswith(
+        "; netlink unavailable: no CAP_NET_ADMIN in the effective capability set"
     )
+
+
+def test_pick_auto_prefers_ebpf_here():
+    source, reason = pick("auto", poll_interval=1.0)
+    assert source.name == "ebpf"
+    assert reason.startswith("ebpf: self-test passed (")
 
 
 def test_reused_pid_owner_names_a_live_pid_with_another_start_time():

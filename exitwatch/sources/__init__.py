@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exitwatch.owner import owner_of
-from exitwatch.sources import netlink
+from exitwatch.sources import ebpf, netlink
 from exitwatch.sources.base import Exit, Hint, Source, SourceError
 from exitwatch.sources.poll import PollSource
 
@@ -25,16 +25,28 @@ SELF_TEST_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
+class Settings:
+    poll_interval: float = 1.0
+    ebpf_max_owners: int = 65536
+
+
+@dataclass(frozen=True)
 class Candidate:
     name: str
     problem: Callable[[], str | None]  # why it cannot run here, checked before trying
-    make: Callable[[], Source]
+    make: Callable[[Settings], Source]
     feature: Callable[[], str]  # what the self-test proved, for the reason line
+
+
+def _ebpf(settings: Settings) -> Source:
+    # Owners that do not fit in the kernel map are still watched, by polling.
+    return ebpf.EbpfSource(settings.ebpf_max_owners, fallback=PollSource(settings.poll_interval))
 
 
 # Tried in this order by "auto"; a new source is one more line here.
 CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("netlink", netlink.problem, netlink.NetlinkSource, netlink.feature),
+    Candidate("ebpf", ebpf.probe, _ebpf, ebpf.feature),
+    Candidate("netlink", netlink.problem, lambda _: netlink.NetlinkSource(), netlink.feature),
 )
 MODES: tuple[str, ...] = ("auto", *(c.name for c in CANDIDATES), PollSource.name)
 
@@ -68,8 +80,9 @@ def self_test(make: Callable[[], Source], timeout: float = SELF_TEST_TIMEOUT) ->
         os.close(w)
         w = -1
         if not seen.wait(timeout):
-            raise SourceError(f"no exit hint for a test child within {timeout:g} s "
-                              "(self-test timed out)")
+            raise SourceError(
+                f"no exit hint for a test child within {timeout:g} s (self-test timed out)"
+            )
     finally:
         source.stop()
         if w >= 0:
@@ -77,15 +90,18 @@ def self_test(make: Callable[[], Source], timeout: float = SELF_TEST_TIMEOUT) ->
         os.waitpid(pid, 0)
 
 
-def _try(candidate: Candidate) -> tuple[Source, str]:
+def _try(candidate: Candidate, settings: Settings) -> tuple[Source, str]:
     reason = candidate.problem()
     if reason is not None:
         raise SourceError(reason)
-    self_test(candidate.make)
-    return candidate.make(), f"{candidate.name}: self-test passed ({candidate.feature()})"
+    self_test(lambda: candidate.make(settings))
+    source = candidate.make(settings)
+    return source, f"{candidate.name}: self-test passed ({candidate.feature()})"
 
 
-def pick(mode: str, *, poll_interval: float) -> tuple[Source, str]:
+def pick(
+    mode: str, *, poll_interval: float, ebpf_max_owners: int = Settings.ebpf_max_owners
+) -> tuple[Source, str]:
     """The source to use (not yet started) and a one-line reason it was chosen.
 
     `mode` is one of MODES. An explicitly named source that cannot run raises SourceError;
@@ -100,7 +116,7 @@ def pick(mode: str, *, poll_interval: float) -> tuple[Source, str]:
         if mode not in ("auto", candidate.name):
             continue
         try:
-            source, reason = _try(candidate)
+            source, reason = _try(candidate, Settings(poll_interval, ebpf_max_owners))
         except SourceError as err:
             if mode == candidate.name:
                 raise SourceError(f"{candidate.name} unavailable: {err}") from err

@@ -1,0 +1,418 @@
+"""Containers labelled with an owner: label-filtered listing, the events stream, and removal
+that takes a compose project as a whole."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import docker
+import docker.utils
+from docker.errors import APIError, DockerException, NotFound
+from requests import RequestException
+from urllib3.exceptions import HTTPError
+
+from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
+from exitwatch.owner import Owner, OwnerError, death
+from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+TIMEOUT = 15.0  # seconds, for every engine call but the events stream
+WORKERS = 8  # parallel removals
+ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
+RETRY_PAUSE = 0.2
+BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
+STOP_DEADLINE = 5.0
+# The engine answers an events request before it subscribes, so a subscription asks for a
+# replay from just before it was requested. The engine is local: its clock is ours.
+SINCE_MARGIN_NS = 100_000_000
+
+# What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
+ENGINE_ERRORS = (DockerException, RequestException, HTTPError, OSError, ValueError)
+
+
+class EngineError(Exception):
+    """The Docker engine did not answer, or refused. The message is one line naming it."""
+
+
+def _why(err: BaseException) -> str:
+    """One line saying what went wrong, from under the layers requests and urllib3 wrap."""
+    if isinstance(err, APIError):
+        return f"{err.explanation or err} (HTTP {err.status_code})"
+    todo: list[BaseException] = [err]
+    while todo:
+        cur = todo.pop(0)
+        if isinstance(cur, OSError) and cur.strerror:
+            return cur.strerror
+        todo += [a for a in cur.args if isinstance(a, BaseException)]
+        todo += [e for e in (cur.__cause__, cur.__context__) if e is not None]
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class Engine:
+    """Exactly the Docker calls exitwatch makes, on one client (Ryuk's narrow interface).
+
+    The client is made on first use: making it asks the engine for its API version, which
+    fails while no engine answers, and the next call should simply try again.
+    """
+
+    def __init__(self, client_args: dict[str, Any], timeout: float, pool: int) -> None:
+        self._args, self._timeout, self._pool = client_args, timeout, pool
+        self._api: docker.APIClient | None = None
+        self._lock = threading.Lock()
+
+    def _client(self) -> docker.APIClient:
+        with self._lock:
+            if self._api is None:
+                self._api = docker.APIClient(
+                    version="auto", timeout=self._timeout, max_pool_size=self._pool, **self._args
+                )
+            return self._api
+
+    def ping(self) -> None:
+        self._client().ping()
+
+    def containers(self, label: str) -> list[dict[str, Any]]:
+        return self._client().containers(all=True, filters={"label": label})
+
+    def events(self, since: str) -> Any:
+        """Create and destroy events of labelled containers, as a closable iterator."""
+        filters = {"type": "container", "label": LABEL_OWNER, "event": ["create", "destroy"]}
+        return self._client().events(since=since, filters=filters, decode=True)
+
+    def remove_container(self, cid: str) -> None:
+        self._client().remove_container(cid, force=True, v=True)
+
+    def networks(self, label: str) -> list[dict[str, Any]]:
+        return self._client().networks(filters={"label": label})
+
+    def remove_network(self, nid: str) -> None:
+        self._client().remove_network(nid)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._api is not None:
+                self._api.close()
+                self._api = None
+
+
+def _kept(labels: dict[str, str]) -> bool:
+    return labels.get(LABEL_KEEP, "").strip().lower() == "true"
+
+
+def _name(listed: dict[str, Any]) -> str:
+    return (listed.get("Names") or [""])[0].lstrip("/")
+
+
+def _container(
+    cid: str, name: str, project: str | None, ok: bool, detail: str, refused: bool = False
+) -> Outcome:
+    extra = {"id": cid, "project": project}
+    return Outcome(f"container {cid[:12]} ({name})", "container", ok, detail, refused, extra)
+
+
+def _refused(r: Resource, why: str) -> Outcome:
+    return _container(r.key, r.name, r.group, False, why, refused=True)
+
+
+def _owner(cid: str, name: str, labels: dict[str, str], then: str) -> Owner | None:
+    """The owner a container's label names; None, and one warning, when it is malformed."""
+    try:
+        return Owner.parse(labels.get(LABEL_OWNER, ""))
+    except OwnerError as err:
+        log.warning("container %s (%s): label %s: %s; %s", name, cid[:12], LABEL_OWNER, err, then)
+        return None
+
+
+def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
+    """The Resource for one labelled container; None when it is kept or its label is bad."""
+    owner = None if _kept(labels) else _owner(cid, name, labels, "skipped")
+    if owner is None:
+        return None
+    return Resource("container", cid, owner, name, labels.get(LABEL_COMPOSE_PROJECT) or None)
+
+
+def _snapshot(engine: Engine) -> Snapshot:
+    listed = engine.containers(LABEL_OWNER)
+    found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
+    return Snapshot("container", tuple(r for r in found if r is not None))
+
+
+def _attempt(call: Callable[[], None]) -> tuple[bool, str]:
+    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not)."""
+    problem = ""
+    for n in range(ATTEMPTS):
+        try:
+            call()
+            return True, "removed"
+        except NotFound:
+            return True, "already gone"
+        except ENGINE_ERRORS as err:
+            problem = _why(err)
+            # A refusal stays a refusal; 409 is mostly "removal already in progress".
+            if isinstance(err, APIError) and err.is_client_error() and err.status_code != 409:
+                break
+        if n + 1 < ATTEMPTS:
+            time.sleep(RETRY_PAUSE * 2**n)
+    return False, problem
+
+
+class Containers(ResourceKind):
+    """Containers labelled `exitwatch.owner`; those labelled `exitwatch.keep=true` are exempt.
+
+    Health for status, written by the watching thread: `connected` (following the events
+    stream now), `reconnects` (times it was followed again after being lost) and `last_error`
+    (why it was last lost, or None).
+    """
+
+    kind = "container"
+
+    def __init__(
+        self, host: str | None = None, timeout: float = TIMEOUT, workers: int = WORKERS
+    ) -> None:
+        # Without a host, like the docker CLI: DOCKER_HOST and DOCKER_TLS_* from the environment.
+        self._client_args = docker.utils.kwargs_from_env() if host is None else {"base_url": host}
+        self.host: str = self._client_args.get("base_url") or DEFAULT_HOST
+        self._timeout, self._workers = timeout, workers
+        # A connection per removal worker, and spare ones for listings.
+        self._engine = Engine(self._client_args, timeout, pool=workers + 2)
+        self.connected = False
+        self.reconnects = 0
+        self.last_error: str | None = None
+        self._since: str | None = None
+        self._followed = self._down = False
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._stream: Any = None
+        self._thread: threading.Thread | None = None
+
+    def ping(self) -> str | None:
+        """None when the engine answers; otherwise one line naming it and saying why not."""
+        try:
+            self._engine.ping()
+        except ENGINE_ERRORS as err:
+            return f"no Docker engine answers at {self.host}: {_why(err)}"
+        return None
+
+    def scan(self) -> Snapshot:
+        """Every labelled container now. Raises EngineError when the engine does not answer."""
+        try:
+            return _snapshot(self._engine)
+        except ENGINE_ERRORS as err:
+            raise EngineError(f"docker engine at {self.host}: {_why(err)}") from err
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def start(self, notify: Notify) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=self._watch, args=(notify,), name="exitwatch-docker-events", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._close_stream()
+        if self._thread is not None:
+            self._thread.join(STOP_DEADLINE)
+            if self._thread.is_alive():
+                log.warning("docker events thread did not stop within %.0f s", STOP_DEADLINE)
+            self._thread = None
+        self._engine.close()
+        self.connected = False
+
+    def _close_stream(self) -> None:
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except ENGINE_ERRORS as err:
+                log.debug("closing the docker events stream: %s", _why(err))
+
+    def _watch(self, notify: Notify) -> None:
+        delay = BACKOFF_MIN
+        while not self._stopping.is_set():
+            # A client per connection: it negotiates the API version of the engine that answers
+            # now, and a stream stuck on a dead engine holds nothing that removals need.
+            engine = Engine(self._client_args, self._timeout, pool=2)
+            try:
+                self._follow(engine, notify)
+                problem = "the events stream ended"
+            except Exception as err:
+                # Closing the stream under the reader makes it raise whatever it likes.
+                if self._stopping.is_set():
+                    break
+                if isinstance(err, ENGINE_ERRORS):
+                    problem = _why(err)
+                else:  # a bug, ours or notify's: the thread must outlive it, and say so
+                    log.exception("docker events thread: unexpected error")
+                    problem = f"unexpected error: {err!r}"
+            finally:
+                self._close_stream()
+                engine.close()
+            if self._stopping.is_set():
+                break
+            if self.connected:
+                delay = BACKOFF_MIN
+            self.connected = False
+            self.last_error = problem
+            if not self._down:
+                log.warning("docker engine at %s: %s; reconnecting", self.host, problem)
+            self._down = True
+            self._stopping.wait(delay)
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    def _follow(self, engine: Engine, notify: Notify) -> None:
+        """Subscribe first, then report a Snapshot, then each event until the stream ends."""
+        since = self._since or _ns_time(time.time_ns() - SINCE_MARGIN_NS)
+        stream = engine.events(since)
+        with self._lock:
+            if self._stopping.is_set():
+                stream.close()
+                return
+            self._stream = stream
+        notify(_snapshot(engine))
+        if self._followed:
+            self.reconnects += 1
+        if self._down:
+            log.info("docker engine at %s answers again; following its events", self.host)
+        self._followed, self._down, self.connected = True, False, True
+        for event in stream:
+            if isinstance(event, dict):
+                self._on_event(event, notify)
+
+    def _on_event(self, event: dict[str, Any], notify: Notify) -> None:
+        nano = event.get("timeNano")
+        if isinstance(nano, int):
+            # Resume just after it: `since` includes events of that very nanosecond.
+            self._since = _ns_time(nano + 1)
+        actor = event.get("Actor") or {}
+        cid, labels = actor.get("ID"), actor.get("Attributes") or {}
+        if not cid or _kept(labels):
+            return
+        if event.get("Action") == "destroy":
+            notify(Gone(self.kind, cid))
+        elif event.get("Action") == "create":
+            r = _resource(cid, labels.get("name", ""), labels)
+            if r is not None:
+                notify(Found(r))
+
+    # -- removal -------------------------------------------------------------------------------
+
+    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        if death(owner) is None:
+            return [_refused(r, f"owner {owner} is alive") for r in resources]
+        outcomes = [
+            _refused(r, f"owned by {r.owner}, not {owner}") for r in resources if r.owner != owner
+        ]
+        mine = [r for r in resources if r.owner == owner]
+        # id -> (name, project): everything that goes, decided before anything is removed.
+        doomed: dict[str, tuple[str, str | None]] = {
+            r.key: (r.name, None) for r in mine if r.group is None
+        }
+        whole = []
+        for project in sorted({r.group for r in mine if r.group is not None}):
+            given = [r for r in mine if r.group == project]
+            targets, is_whole, said = self._plan_project(owner, project, given)
+            outcomes += said
+            doomed.update((cid, (name, project)) for cid, name in targets.items())
+            if is_whole:
+                whole.append(project)
+
+        def one(item: tuple[str, tuple[str, str | None]]) -> Outcome:
+            cid, (name, project) = item
+            if dry_run:
+                return _container(cid, name, project, True, "dry run: would remove")
+            return _container(
+                cid, name, project, *_attempt(functools.partial(self._engine.remove_container, cid))
+            )
+
+        if doomed:
+            with ThreadPoolExecutor(self._workers, thread_name_prefix="exitwatch-rm") as pool:
+                outcomes += pool.map(one, doomed.items())
+        for project in whole:
+            outcomes += self._remove_networks(project, dry_run)
+        return outcomes
+
+    def _plan_project(
+        self, owner: Owner, project: str, given: list[Resource]
+    ) -> tuple[dict[str, str], bool, list[Outcome]]:
+        """Which containers of `project` go ({id: name}), whether it goes as a whole, and what
+        to report. From a fresh listing of the whole project: a runner may have recreated a
+        container without its labels, or a live runner may have joined the project."""
+        try:
+            listed = self._engine.containers(f"{LABEL_COMPOSE_PROJECT}={project}")
+        except ENGINE_ERRORS as err:
+            why = f"listing compose project {project}: {_why(err)}"
+            return {}, False, [_container(r.key, r.name, project, False, why) for r in given]
+        why_dead = functools.cache(death)
+        holders: list[str] = []  # why the project cannot go as a whole
+        dead_held = False
+        own: dict[str, str] = {}
+        rest: dict[str, str] = {}
+        for c in listed:
+            cid, name, labels = c["Id"], _name(c), c.get("Labels") or {}
+            o = None
+            if LABEL_OWNER in labels:
+                o = _owner(cid, name, labels, f"compose project {project} is not proven dead")
+                if o is None:
+                    holders.append(f"{name} has an unreadable owner label")
+            if o is not None and o != owner and why_dead(o) is None:
+                holders.append(f"{name} is held by live owner {o}")
+            elif o is not None:
+                dead_held = True
+            if not _kept(labels):
+                (own if o == owner else rest)[cid] = name
+        said = [
+            _container(r.key, r.name, project, True, "already gone")
+            for r in given
+            if r.key not in own
+        ]
+        if holders:
+            why = "not removed as a whole: " + "; ".join(holders)
+            said.append(Outcome(f"compose project {project}", "project", False, why, True))
+        # A project goes as a whole when a dead owner holds some of it and no live one any.
+        if holders or not dead_held:
+            return own, False, said
+        return own | rest, True, said
+
+    def _remove_networks(self, project: str, dry_run: bool) -> list[Outcome]:
+        """Remove the networks of a project whose containers were just removed, unless some
+        container is left: a kept one, one that would not go, or one created meanwhile."""
+        label = f"{LABEL_COMPOSE_PROJECT}={project}"
+        try:
+            nets = self._engine.networks(label)
+            listed = [] if dry_run else self._engine.containers(label)
+        except ENGINE_ERRORS as err:
+            why = f"listing compose project {project}: {_why(err)}"
+            return [Outcome(f"networks of compose project {project}", "network", False, why)]
+        left = ", ".join(_name(c) for c in listed)
+        outcomes = []
+        for net in nets:
+            extra = {"id": net["Id"], "project": project}
+            said = functools.partial(
+                Outcome, f"network {net.get('Name', '')}", "network", extra=extra
+            )
+            if dry_run:
+                outcomes.append(said(True, "dry run: would remove"))
+            elif left:
+                outcomes.append(said(False, f"containers remain in the project: {left}", True))
+            else:
+                outcomes.append(
+                    said(*_attempt(functools.partial(self._engine.remove_network, net["Id"])))
+                )
+        return outcomes
+
+
+def _ns_time(ns: int) -> str:
+    """A `since` the engine reads to the nanosecond."""
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"

@@ -1,0 +1,149 @@
+"""The private Docker engine (tests/engine.sh) for the tests that ask for the `engine` fixture.
+
+Each test session gets an engine of its own, so sessions running side by side (two Pythons,
+two engineers) never remove each other's containers. Its directory is named after the
+session's process, so an engine left behind by a session that died is found and purged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from exitwatch.owner import Owner, current_boot_id, death, owner_of
+
+ENGINE_SH = Path(__file__).with_name("engine.sh")
+# Short: containerd's sockets live under it, and unix socket paths hold at most 107 bytes.
+BASE = Path("/tmp/exitwatch-engine")
+IMAGE = "exitwatch-test/busybox:latest"
+BUILTIN_NETWORKS = {"bridge", "host", "none"}
+
+log = logging.getLogger(__name__)
+
+
+def run(
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    check: bool = True,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command; on failure raise with its stderr, which is what one needs to see."""
+    done = subprocess.run(
+        cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
+    return done
+
+
+@dataclass
+class PrivateEngine:
+    dir: Path
+    host: str
+    image: str
+    client: docker.DockerClient
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "docker.sock"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment for the docker CLI and docker-compose, pointed at this engine."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
+        return env | {"DOCKER_HOST": self.host} | extra
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run(["docker", *args], env=self.env(), check=check)
+
+    def compose(
+        self, *args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return run(["docker-compose", *args], env=self.env(**(env or {})), cwd=cwd, check=check)
+
+    def start(self) -> None:
+        """Start it (again); it answers when this returns."""
+        run([str(ENGINE_SH), "start", str(self.dir), str(self.socket)])
+
+    def stop(self) -> None:
+        run([str(ENGINE_SH), "stop", str(self.dir)])
+
+    def clean(self) -> None:
+        """Remove every container, network and volume, so that tests stay independent."""
+        try:
+            self.client.ping()
+        except docker.errors.DockerException:
+            self.start()  # a test stopped it and failed before it could restore it
+        api = self.client.api
+        for c in api.containers(all=True):
+            with contextlib.suppress(docker.errors.NotFound):
+                api.remove_container(c["Id"], force=True, v=True)
+        for n in api.networks():
+            if n["Name"] not in BUILTIN_NETWORKS:
+                with contextlib.suppress(docker.errors.NotFound):
+                    api.remove_network(n["Id"])
+        api.prune_volumes()
+
+
+def _session_dir(owner: Owner) -> Path:
+    # Part of the boot id tells this boot's sessions from a previous boot's, in little room.
+    return BASE / f"{owner.boot_id[:8]}-{owner.pid}-{owner.starttime}"
+
+
+def _purge_dead_sessions() -> None:
+    """Purge the engines of sessions that died without stopping theirs."""
+    if not BASE.is_dir():
+        return
+    boot = current_boot_id()
+    for d in BASE.iterdir():
+        try:
+            prefix, pid, start = d.name.split("-")
+            alive = prefix == boot[:8] and death(Owner(boot, int(pid), int(start))) is None
+        except ValueError:
+            alive = False
+        if not alive:
+            done = run([str(ENGINE_SH), "purge", str(d)], check=False)
+            if done.returncode != 0:
+                log.warning("could not purge the stale engine in %s: %s", d, done.stderr.strip())
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[PrivateEngine]:
+    """A Docker engine of this session's own, with the test image; stopped at the end."""
+    _purge_dead_sessions()
+    d = _session_dir(owner_of())
+    d.mkdir(parents=True, exist_ok=True)
+    socket = d / "docker.sock"
+    host = run([str(ENGINE_SH), "start", str(d), str(socket)]).stdout.strip()
+    client = docker.DockerClient(base_url=host)
+    try:
+        yield PrivateEngine(d, host, IMAGE, client)
+    finally:
+        client.close()
+        run([str(ENGINE_SH), "purge", str(d)])
+
+
+@pytest.fixture(autouse=True)
+def _engine_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used the engine, remove what it left there."""
+    used = request.getfixturevalue("engine") if "engine" in request.fixturenames else None
+    yield
+    if used is not None:
+        used.clean()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `-m "not engine"` then skips every test that needs Docker.
+    for item in items:
+        if "engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.engine)

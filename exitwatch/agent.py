@@ -64,6 +64,7 @@ class Agent:
         self._inflight = 0
         self._retries: list[tuple[float, int, _Job]] = []
         self._tiebreak = itertools.count()
+        self._awaiting_snapshot = set(self.kinds)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -145,6 +146,10 @@ class Agent:
                     self._unwatch(owner)
                 for owner in added:
                     self._admit(owner)
+                if self._awaiting_snapshot:
+                    self._awaiting_snapshot.discard(kind)
+                    if not self._awaiting_snapshot:
+                        log.info("ready: watching %d owners", len(self.index))
             case _Done(job=job, failed=failed):
                 self._inflight -= 1
                 if failed and job.attempt < self.config.reap_attempts:

@@ -110,7 +110,11 @@ def agent(**options: object) -> None:
     from exitwatch.sources import SourceError, pick
 
     try:
-        source, why = pick(config.source, poll_interval=config.poll_interval)
+        source, why = pick(
+            config.source,
+            poll_interval=config.poll_interval,
+            ebpf_max_owners=config.ebpf_max_owners,
+        )
     except SourceError as err:
         raise click.ClickException(str(err)) from None
     log.info("exitwatch %s starting: %s", __version__, config.describe())

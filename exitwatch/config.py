@@ -1,10 +1,19 @@
-"""The agent's settings: one frozen dataclass whose fields carry their defaults."""
+"""The agent's settings: one frozen dataclass whose fields carry their defaults, and the
+TOML file that sets them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import tomllib
+import types
+import typing
+from dataclasses import asdict, dataclass, fields, replace
 
 SOURCES = ("auto", "ebpf", "netlink", "poll")
+DEFAULT_PATH = "/etc/exitwatch/config.toml"
+
+
+class ConfigError(ValueError):
+    """One line naming the file, the key and what is expected."""
 
 
 @dataclass(frozen=True)
@@ -15,6 +24,8 @@ class Config:
     """Log what would be removed, remove nothing."""
     poll_interval: float = 1.0
     """Seconds between procfs checks of the watched owners (poll source)."""
+    ebpf_max_owners: int = 65536
+    """Owners the ebpf source watches in the kernel; the rest are polled."""
     workdir_roots: tuple[str, ...] = ("/tmp", "/var/tmp")
     """Directories under which marked workdirs are looked for."""
     workdir_depth: int = 3
@@ -28,3 +39,72 @@ class Config:
 
     def describe(self) -> str:
         return " ".join(f"{k}={v!r}" for k, v in asdict(self).items())
+
+    def validate(self) -> None:
+        """Raise ConfigError(key: what is expected) for a value out of range."""
+        checks = {
+            "source": (self.source in SOURCES, f"one of {', '.join(SOURCES)}"),
+            "poll_interval": (0.01 <= self.poll_interval <= 3600, "a number in 0.01..3600"),
+            "workdir_roots": (
+                all(r.startswith("/") for r in self.workdir_roots),
+                "a list of absolute paths",
+            ),
+            "ebpf_max_owners": (1 <= self.ebpf_max_owners <= 1 << 24, "an integer in 1..16777216"),
+            "workdir_depth": (1 <= self.workdir_depth <= 16, "an integer in 1..16"),
+            "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
+            "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
+        }
+        for key, (ok, expected) in checks.items():
+            if not ok:
+                raise ConfigError(f"{key}: expected {expected}, got {getattr(self, key)!r}")
+
+
+_HINTS = typing.get_type_hints(Config)
+_NAMES = {
+    "str": "a string",
+    "bool": "true or false",
+    "int": "an integer",
+    "float": "a number",
+    "tuple": "a list of strings",
+}
+
+
+def _coerce(key: str, value: object) -> object:
+    """TOML value → field value, or ConfigError naming what the key expects."""
+    hint = _HINTS[key]
+    want = typing.get_origin(hint) or hint
+    if want is types.UnionType:  # `str | None`: TOML has no null, so a string it is
+        want = str
+    ok = {
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        tuple: isinstance(value, list) and all(isinstance(v, str) for v in value),
+    }[want]
+    if not ok:
+        raise ConfigError(f"{key}: expected {_NAMES[want.__name__]}, got {value!r}")
+    return tuple(value) if want is tuple else float(value) if want is float else value
+
+
+def load(path: str, base: Config | None = None) -> Config:
+    """Read a TOML config file over `base` (default: the defaults)."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    known = {f.name for f in fields(Config)}
+    values = {}
+    try:
+        for key, value in data.items():
+            if key not in known:
+                raise ConfigError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+            values[key] = _coerce(key, value)
+        config = replace(base or Config(), **values)
+        config.validate()
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    return config

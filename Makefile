@@ -56,3 +56,30 @@ run: deps
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# The Debian packages in dist/ (packaging/build-deb.sh, packaging/README.md).
+.PHONY: deb
+deb:
+	packaging/build-deb.sh
+
+# Benchmarks against the real engine and kernel, with their baselines in the same run
+# (docs/benchmarks.md). Never part of `make test`; tests/test_bench_smoke.py runs the smoke.
+BENCH_BIN := build/bench
+
+.PHONY: bench bench-smoke bench-bins bench-deps
+
+bench-deps:
+	@dpkg-query -W -f='$${Status}' forkstat 2>/dev/null | grep -q 'ok installed' || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq forkstat >/dev/null
+
+bench-bins: $(BENCH_BIN)/forkloop $(BENCH_BIN)/cnfloor
+
+$(BENCH_BIN)/%: bench/%.c
+	@mkdir -p $(BENCH_BIN)
+	gcc -O2 -Wall -Wextra -o $@ $<
+
+bench: deps bench-deps bench-bins
+	$(VPY) -m bench.run
+
+bench-smoke: deps bench-deps bench-bins
+	$(VPY) -m bench.run --smoke --results $(BENCH_BIN)/results-smoke.json --docs ''

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import heapq
 import itertools
 import logging
 import queue
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from exitwatch.config import Config
@@ -19,6 +20,8 @@ from exitwatch.resources.base import Found, Gone, Outcome, Resource, ResourceKin
 from exitwatch.sources.base import Exit, Lost, Source
 
 log = logging.getLogger(__name__)
+
+ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 
 
 @dataclass(frozen=True)
@@ -32,20 +35,42 @@ class _Job:
     at: float  # monotonic time the death was first noticed
     attempt: int = 1
 
+    def describe(self, state: str, due: float | None = None) -> dict:
+        item = {
+            "owner": str(self.owner),
+            "death": self.death,
+            "kind": self.kind.kind,
+            "what": [r.name or r.key for r in self.resources],
+            "attempt": self.attempt,
+            "state": state,
+        }
+        if due is not None:
+            item["retry_in_s"] = round(max(0.0, due - time.monotonic()), 1)
+        return item
+
 
 @dataclass(frozen=True)
 class _Done:
+    token: int
     job: _Job
     failed: bool
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """Run `fn` on the loop thread, where the index may be read safely."""
+
+    fn: Callable[[], object]
+    answer: Future
 
 
 _STOP = object()
 
 
 class Agent:
-    """Owns the index. Every input (hints, resource changes, finished removals) arrives on
-    one queue and is handled by one thread, so the index needs no lock; removals run on a
-    thread pool so a slow one never holds up the next death."""
+    """Owns the index. Every input (hints, resource changes, finished removals, questions)
+    arrives on one queue and is handled by one thread, so the index needs no lock; removals
+    run on a thread pool so a slow one never holds up the next death."""
 
     def __init__(
         self,
@@ -53,15 +78,19 @@ class Agent:
         kinds: Sequence[ResourceKind],
         source: Source | None = None,
         recorder: Recorder | None = None,
+        watchdog: Callable[[], None] | None = None,
+        watchdog_interval: float | None = None,
     ) -> None:
         self.config = config
         self.kinds = {k.kind: k for k in kinds}
         self.source = source
         self.recorder = recorder or Recorder()
         self.index = Index()
+        self._watchdog = watchdog
+        self._watchdog_interval = watchdog_interval
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._pool = ThreadPoolExecutor(config.reap_workers, thread_name_prefix="exitwatch-reap")
-        self._inflight = 0
+        self._running: dict[int, tuple[Future, _Job]] = {}
         self._retries: list[tuple[float, int, _Job]] = []
         self._tiebreak = itertools.count()
         self._awaiting_snapshot = set(self.kinds)
@@ -73,42 +102,62 @@ class Agent:
         self._queue.put(item)
 
     def stop(self) -> None:
+        """Ask run() to return; callable from any thread or a signal handler."""
         self._queue.put(_STOP)
+
+    def ask(self, fn: Callable[[], object]) -> object:
+        """fn() computed on the loop thread. Raises TimeoutError if the loop is busy."""
+        answer: Future = Future()
+        self._queue.put(_Ask(fn, answer))
+        return answer.result(ASK_TIMEOUT)
 
     # -- running --------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Watch until stop() is called."""
+        """Watch until stop() is called, then stop watching; removals under way go on (see
+        drain())."""
         if self.source is not None:
             self.source.start(self.submit)
         for kind in self.kinds.values():
             kind.start(self.submit)
         try:
-            while self._step(block=True):
+            while self._step():
                 pass
         finally:
             for kind in self.kinds.values():
                 kind.stop()
             if self.source is not None:
                 self.source.stop()
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def drain(self, timeout: float) -> int:
+        """Wait up to `timeout` for removals under way; how many were still running.
+
+        Removals are idempotent, so one abandoned here is redone by the next reconcile.
+        """
+        futures = [future for future, _ in self._running.values()]
+        return len(concurrent.futures.wait(futures, timeout).not_done)
 
     def reconcile(self) -> None:
         """One pass over everything that exists now: reap what dead owners hold, and wait."""
         for kind in self.kinds.values():
             self._handle(kind.scan())
-        while self._inflight or self._retries:
-            self._step(block=True)
+        while self._running or self._retries:
+            self._step()
         self._pool.shutdown(wait=True)
 
-    def _step(self, block: bool) -> bool:
-        timeout = None
+    def _step(self) -> bool:
+        now = time.monotonic()
+        timeout = self._watchdog_interval
         if self._retries:
-            timeout = max(0.0, self._retries[0][0] - time.monotonic())
+            due = max(0.0, self._retries[0][0] - now)
+            timeout = due if timeout is None else min(timeout, due)
         try:
-            item = self._queue.get(block=block, timeout=timeout)
+            item = self._queue.get(timeout=timeout)
         except queue.Empty:
             item = None
+        if self._watchdog is not None:
+            self._watchdog()
         now = time.monotonic()
         while self._retries and self._retries[0][0] <= now:
             self._start(heapq.heappop(self._retries)[2])
@@ -150,13 +199,18 @@ class Agent:
                     self._awaiting_snapshot.discard(kind)
                     if not self._awaiting_snapshot:
                         log.info("ready: watching %d owners", len(self.index))
-            case _Done(job=job, failed=failed):
-                self._inflight -= 1
+            case _Done(token=token, job=job, failed=failed):
+                del self._running[token]
                 if failed and job.attempt < self.config.reap_attempts:
                     delay = 0.5 * 4 ** (job.attempt - 1)
                     due = time.monotonic() + delay
                     retry = replace(job, attempt=job.attempt + 1)
                     heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
+            case _Ask(fn=fn, answer=answer):
+                try:
+                    answer.set_result(fn())
+                except Exception as err:
+                    answer.set_exception(err)
 
     # -- confirm --------------------------------------------------------------------------
 
@@ -181,7 +235,9 @@ class Agent:
         reason = death(owner)
         if reason is None:
             return
-        how = reason if status is None else f"{describe_status(status)} ({reason})"
+        # A zombie's reason already tells its wait status, read from /proc.
+        zombie = reason.startswith("zombie")
+        how = reason if status is None or zombie else f"{describe_status(status)} ({reason})"
         resources = self.index.pop_owner(owner)
         self._unwatch(owner)
         by_kind: dict[str, list[Resource]] = {}
@@ -193,17 +249,42 @@ class Agent:
     # -- reap -----------------------------------------------------------------------------
 
     def _start(self, job: _Job) -> None:
-        self._inflight += 1
-        self._pool.submit(self._reap, job)
+        token = next(self._tiebreak)
+        self._running[token] = (self._pool.submit(self._reap, token, job), job)
 
-    def _reap(self, job: _Job) -> None:
+    def _reap(self, token: int, job: _Job) -> None:
         try:
             outcomes = job.kind.remove(job.owner, list(job.resources), self.config.dry_run)
         except Exception as err:  # a kind must not raise; if it does, report and retry
             log.exception("removing %s of %s failed", job.kind.kind, job.owner)
-            outcomes = [Outcome(f"{job.kind.kind}s of {job.owner}", job.kind.kind, False, str(err))]
+            what = f"{job.kind.kind}s of {job.owner}"
+            outcomes = [Outcome(what, job.kind.kind, False, str(err))]
         latency = time.monotonic() - job.at
         for outcome in outcomes:
             self.recorder.outcome(job.owner, job.death, outcome, latency, self.config.dry_run)
         failed = any(not o.ok and not o.refused for o in outcomes)
-        self._queue.put(_Done(job, failed))
+        self._queue.put(_Done(token, job, failed))
+
+    # -- what status and metrics see (call through ask()) ---------------------------------
+
+    def pending(self) -> list[dict]:
+        items = [job.describe("removing") for _, job in self._running.values()]
+        items += [job.describe("waiting to retry", due) for due, _, job in sorted(self._retries)]
+        return items
+
+    def owners(self) -> list[dict]:
+        return [self.index.describe(owner) for owner in sorted(self.index.owners())]
+
+    def counters(self) -> dict[str, int]:
+        counters = {"exit_hints": 0, "resyncs": 0, "removal_errors": 0, "refusals": 0}
+        counters.update(self.recorder.counters())
+        counters["exits_seen"] = self.source.events_seen if self.source else 0
+        counters["events_lost"] = self.source.lost if self.source else 0
+        return counters
+
+    def gauges(self) -> dict:
+        return {
+            "owners": len(self.index),
+            "resources": dict(+self.index.counts),
+            "pending": len(self._running) + len(self._retries),
+        }

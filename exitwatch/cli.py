@@ -1,4 +1,4 @@
-"""The command line: agent, reap, labels, mark."""
+"""The command line: agent, reap, status, labels, mark."""
 
 from __future__ import annotations
 
@@ -7,15 +7,35 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
 
 import click
 
-from exitwatch import __version__
-from exitwatch.config import SOURCES, Config
+from exitwatch import __version__, logs
+from exitwatch.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
 from exitwatch.contract import ENV_OWNER, mark_workdir, owner_labels
 
 log = logging.getLogger("exitwatch")
 
+STOP_DEADLINE = 1.5  # seconds from SIGTERM to exit, removals under way included
+NO_AGENT = 3  # `exitwatch status` with no agent answering, like `systemctl status`
+
+
+def _option(*decls: str, **kw: object) -> Callable:
+    """An option whose absence leaves the config file's value (or the default) in force."""
+    return click.option(*decls, default=None, **kw)
+
+
+_config_path = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help=f"TOML settings file (default: {DEFAULT_PATH} if it exists).",
+)
 _roots = click.option(
     "--workdir-root",
     "workdir_roots",
@@ -23,18 +43,21 @@ _roots = click.option(
     type=click.Path(file_okay=False),
     help="Look for marked workdirs under DIR (repeatable; replaces /tmp and /var/tmp).",
 )
-_depth = click.option(
+_depth = _option(
     "--workdir-depth",
     type=click.IntRange(1, 16),
-    default=Config.workdir_depth,
-    show_default=True,
-    help="How many levels below a root a workdir may be.",
+    help=f"How many levels below a root a workdir may be [default: {Config.workdir_depth}].",
 )
-_docker_host = click.option(
+_docker_host = _option(
     "--docker-host", metavar="URL", help="Docker engine URL (default: DOCKER_HOST, or the socket)."
 )
 _dry_run = click.option(
-    "--dry-run", is_flag=True, help="Log what would be removed; remove nothing."
+    "--dry-run", is_flag=True, default=None, help="Log what would be removed; remove nothing."
+)
+_status_socket = _option(
+    "--status-socket",
+    metavar="PATH",
+    help=f"The agent's status socket [default: {Config.status_socket}].",
 )
 _pid = click.option(
     "--pid",
@@ -43,12 +66,19 @@ _pid = click.option(
 )
 
 
-def _setup_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _config(config_path: str | None, **flags: object) -> Config:
+    """The config file (if any) under the flags given on the command line."""
+    path = config_path or (DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None)
+    try:
+        config = load(path) if path else Config()
+        given = {k: v for k, v in flags.items() if v not in (None, ())}
+        if "workdir_roots" in given:
+            given["workdir_roots"] = tuple(os.path.abspath(r) for r in given["workdir_roots"])
+        config = replace(config, **given)
+        config.validate()
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+    return config
 
 
 def _require_root(command: str) -> None:
@@ -58,23 +88,6 @@ def _require_root(command: str) -> None:
         )
 
 
-def _kinds(config: Config) -> list:
-    from exitwatch.resources.docker import Containers
-    from exitwatch.resources.workdirs import Workdirs
-
-    return [
-        Containers(config.docker_host),
-        Workdirs(config.workdir_roots, config.workdir_depth),
-    ]
-
-
-def _config(**options: object) -> Config:
-    roots = options.pop("workdir_roots", ())
-    if roots:
-        options["workdir_roots"] = tuple(os.path.abspath(r) for r in roots)
-    return Config(**{k: v for k, v in options.items() if v is not None})
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="exitwatch")
 def cli() -> None:
@@ -82,71 +95,174 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option(
+@_config_path
+@_option(
     "--source",
     type=click.Choice(SOURCES),
-    default=Config.source,
-    show_default=True,
-    help="How process exits are followed.",
+    help="How process exits are followed [default: auto: ebpf, then netlink, then poll].",
 )
 @_dry_run
-@click.option(
+@_option(
     "--poll-interval",
     type=click.FloatRange(0.01, 3600),
-    default=Config.poll_interval,
-    show_default=True,
     metavar="S",
-    help="Seconds between checks of the watched owners (poll source).",
+    help=f"Seconds between checks of the watched owners (poll) [default: {Config.poll_interval}].",
 )
 @_roots
 @_depth
 @_docker_host
-def agent(**options: object) -> None:
-    """Watch process exits and reap what dead owners leave behind."""
-    _require_root("exitwatch agent")
-    _setup_logging()
-    config = _config(**options)
-    from exitwatch.agent import Agent
-    from exitwatch.sources import SourceError, pick
+@_status_socket
+@_option(
+    "--audit-log",
+    metavar="PATH",
+    help=f'JSON-lines record of removals and refusals ("" for none) [default: {Config.audit_log}].',
+)
+@_option("--metrics-addr", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@_option("--log-format", type=click.Choice(["text", "json"]), help="[default: text]")
+def agent(config_path: str | None, **flags: object) -> None:
+    """Watch process exits and reap what dead owners leave behind.
 
-    try:
-        source, why = pick(
-            config.source,
-            poll_interval=config.poll_interval,
-            ebpf_max_owners=config.ebpf_max_owners,
-        )
-    except SourceError as err:
-        raise click.ClickException(str(err)) from None
-    log.info("exitwatch %s starting: %s", __version__, config.describe())
-    log.info("exit source %s", why)
-    agent = Agent(config, _kinds(config), source)
-    for signo in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signo, lambda *_: agent.stop())
-    agent.run()
+    SIGTERM or SIGINT stops it within 2 s; SIGHUP re-reads the config file.
+    """
+    _require_root("exitwatch agent")
+    config = _config(config_path, **flags)
+    logs.setup(config.log_format)
+    from exitwatch.metrics import MetricsError
+    from exitwatch.service import Service
+    from exitwatch.sources import SourceError
+    from exitwatch.status import StatusError
+
+    service = Service(config, started=time.time())
+    reload = threading.Event()
+    stopping = threading.Event()
+
+    def on_stop(*_: object) -> None:
+        stopping.set()
+        service.stop()
+
+    def on_reload(*_: object) -> None:
+        reload.set()
+        service.stop()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_reload)
+    while True:
+        try:
+            abandoned = service.run(STOP_DEADLINE)
+        except (SourceError, StatusError, MetricsError) as err:
+            raise click.ClickException(str(err)) from None
+        if stopping.is_set() or not reload.is_set():
+            break
+        reload.clear()
+        try:
+            service.config = _config(config_path, **flags)
+            log.info("config reloaded: %s", service.config.describe())
+        except click.ClickException as err:
+            log.error("config not reloaded, the running one stays: %s", err.message)
     log.info("exitwatch stopped")
+    if abandoned:
+        # Pool threads still removing would hold the interpreter open past the deadline.
+        logging.shutdown()
+        os._exit(0)
 
 
 @cli.command()
+@_config_path
 @_dry_run
 @_roots
 @_depth
 @_docker_host
-def reap(**options: object) -> None:
+def reap(config_path: str | None, **flags: object) -> None:
     """Reap once what dead owners hold now, then exit (no agent needed)."""
     _require_root("exitwatch reap")
-    _setup_logging()
-    config = _config(**options)
+    config = _config(config_path, **flags)
+    logs.setup(config.log_format)
     from exitwatch.agent import Agent
+    from exitwatch.resources.docker import EngineError
+    from exitwatch.service import make_kinds
 
-    kinds = _kinds(config)
+    kinds = make_kinds(config)
     problem = kinds[0].ping()
     if problem is not None:
         raise click.ClickException(problem)
     agent = Agent(config, kinds)
-    agent.reconcile()
-    failed = agent.recorder.counters["removal_errors"]
+    try:
+        agent.reconcile()
+    except EngineError as err:
+        raise click.ClickException(str(err)) from None
+    failed = agent.recorder.counters().get("removal_errors", 0)
     if failed:
         raise click.ClickException(f"{failed} removals failed; see the log above")
+
+
+@cli.command()
+@_config_path
+@_status_socket
+@click.option("--json", "as_json", is_flag=True, help="The status as JSON (schema: README).")
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Show removals from the audit log since WHEN: 90s, 30m, 12h, 7d, or a date.",
+)
+def status(config_path: str | None, as_json: bool, since: str | None, **flags: object) -> None:
+    """Show what the agent watches and what it removed; exit 3 if no agent answers."""
+    config = _config(config_path, **flags)
+    from exitwatch import audit
+    from exitwatch.status import query, render
+
+    doc = query(config.status_socket)
+    code = 0
+    if doc is None:
+        logs.setup("text")
+        doc = _scan(config)
+        code = NO_AGENT
+    if since is not None:
+        # The running agent's own audit log, whatever this command's config says.
+        path = doc["agent"]["config"]["audit_log"] if doc.get("agent") else config.audit_log
+        doc["reaps"] = list(audit.read(path, _since(since)))
+    click.echo(json.dumps(doc, indent=2) if as_json else render(doc))
+    sys.exit(code)
+
+
+def _scan(config: Config) -> dict:
+    """What a one-shot scan finds, read-only: live owners, and orphans waiting."""
+    from exitwatch.index import Index
+    from exitwatch.owner import death
+    from exitwatch.resources.docker import EngineError
+    from exitwatch.service import make_kinds
+
+    index = Index()
+    kinds = make_kinds(config)
+    docker = {"endpoint": kinds[0].host, "connected": True}
+    for kind in kinds:
+        try:
+            index.replace_kind(kind.kind, kind.scan().resources)
+        except EngineError as err:
+            docker = {"endpoint": kinds[0].host, "connected": False, "last_error": str(err)}
+    owners, pending = [], []
+    for owner in sorted(index.owners()):
+        why = death(owner)
+        entry = index.describe(owner)
+        if why is None:
+            owners.append(entry)
+        else:
+            held = [c["name"] for c in entry["containers"]] + entry["workdirs"]
+            pending.append({"owner": entry["owner"], "death": why, "what": held})
+    return {"schema": 1, "agent": None, "docker": docker, "owners": owners, "pending": pending}
+
+
+def _since(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text[:-1].isdigit() and text[-1:] in units:
+        return time.time() - int(text[:-1]) * units[text[-1]]
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a duration (90s, 30m, 12h, 7d) nor a date (2026-11-30T08:00)",
+            param_hint="--since",
+        ) from None
 
 
 @cli.command()

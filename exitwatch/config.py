@@ -36,6 +36,16 @@ class Config:
     """Removals run in parallel on this many threads."""
     reap_attempts: int = 3
     """A removal that fails is tried this many times in all, with growing delays."""
+    status_socket: str = "/run/exitwatch/exitwatch.sock"
+    """The read-only unix socket that `exitwatch status` asks."""
+    audit_log: str = "/var/lib/exitwatch/audit.jsonl"
+    """Append-only JSON-lines record of every removal and refusal; empty string: none."""
+    audit_max_bytes: int = 16 * 1024 * 1024
+    """The audit log is rotated (one old file, .1) when it grows past this size."""
+    metrics_addr: str | None = None
+    """Serve Prometheus metrics on HOST:PORT; None: no metrics."""
+    log_format: str = "text"
+    """Log lines on stderr as "text" or "json"."""
 
     def describe(self) -> str:
         return " ".join(f"{k}={v!r}" for k, v in asdict(self).items())
@@ -53,10 +63,29 @@ class Config:
             "workdir_depth": (1 <= self.workdir_depth <= 16, "an integer in 1..16"),
             "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
             "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
+            "status_socket": (self.status_socket.startswith("/"), "an absolute path"),
+            "audit_log": (
+                self.audit_log == "" or self.audit_log.startswith("/"),
+                'an absolute path, or "" for none',
+            ),
+            "audit_max_bytes": (self.audit_max_bytes >= 4096, "an integer of at least 4096"),
+            "metrics_addr": (
+                self.metrics_addr is None or parse_addr(self.metrics_addr) is not None,
+                "HOST:PORT, e.g. 127.0.0.1:9788",
+            ),
+            "log_format": (self.log_format in ("text", "json"), "text or json"),
         }
         for key, (ok, expected) in checks.items():
             if not ok:
                 raise ConfigError(f"{key}: expected {expected}, got {getattr(self, key)!r}")
+
+
+def parse_addr(addr: str) -> tuple[str, int] | None:
+    """HOST:PORT (or [V6]:PORT) → (host, port), or None if malformed."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
 
 
 _HINTS = typing.get_type_hints(Config)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from exitwatch.owner import Owner
 from exitwatch.resources.base import Resource
@@ -20,6 +20,7 @@ class Index:
         self._held: dict[Owner, dict[Key, Resource]] = {}
         self._owner_of: dict[Key, Owner] = {}
         self._by_pid: defaultdict[int, set[Owner]] = defaultdict(set)
+        self.counts: Counter[str] = Counter()  # resources held, by kind
 
     def __len__(self) -> int:
         return len(self._held)
@@ -33,6 +34,20 @@ class Index:
     def resources(self, owner: Owner) -> list[Resource]:
         return list(self._held.get(owner, {}).values())
 
+    def describe(self, owner: Owner) -> dict:
+        """What status shows of one owner."""
+        held = self.resources(owner)
+        return {
+            "owner": str(owner),
+            "pid": owner.pid,
+            "containers": [
+                {"id": r.key, "name": r.name, "project": r.group}
+                for r in held
+                if r.kind == "container"
+            ],
+            "workdirs": sorted(r.key for r in held if r.kind == "workdir"),
+        }
+
     def add(self, res: Resource) -> tuple[bool, Owner | None]:
         """Index `res`.
 
@@ -45,6 +60,8 @@ class Index:
             displaced = self.discard(res.kind, res.key)
         new = res.owner not in self._held
         self._held.setdefault(res.owner, {})[key] = res
+        if key not in self._owner_of:
+            self.counts[res.kind] += 1
         self._owner_of[key] = res.owner
         self._by_pid[res.owner.pid].add(res.owner)
         return new, displaced
@@ -54,6 +71,7 @@ class Index:
         owner = self._owner_of.pop((kind, key), None)
         if owner is None:
             return None
+        self.counts[kind] -= 1
         held = self._held[owner]
         del held[(kind, key)]
         if held:
@@ -66,6 +84,7 @@ class Index:
         held = self._held.get(owner, {})
         for key in held:
             del self._owner_of[key]
+            self.counts[key[0]] -= 1
         self._forget(owner)
         return list(held.values())
 

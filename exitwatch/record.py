@@ -1,20 +1,27 @@
-"""Record what happened: one structured log line per removal, and counters."""
+"""Record what happened: one structured log line per removal or refusal, the audit log,
+counters, and the latency histogram."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
+from exitwatch.audit import AuditLog
 from exitwatch.owner import Owner
 from exitwatch.resources.base import Outcome
 
 log = logging.getLogger("exitwatch.reap")
 
+RECENT = 50
+
 
 @dataclass(frozen=True)
 class Reap:
+    time: float  # unix time
     what: str
     kind: str
     owner: str
@@ -22,24 +29,41 @@ class Reap:
     latency_ms: float
     result: str
     ok: bool
+    refused: bool
+    dry_run: bool
 
 
-@dataclass
 class Recorder:
-    """Counters and the recent removals; safe to call from any thread."""
+    """Counters, the recent removals, the audit log; safe to call from any thread."""
 
-    recent: deque[Reap] = field(default_factory=lambda: deque(maxlen=50))
-    counters: Counter[str] = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(
+        self,
+        audit: AuditLog | None = None,
+        observe: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.audit = audit
+        self.observe = observe  # (kind, seconds) of each removal, for the histogram
+        self.recent: deque[Reap] = deque(maxlen=RECENT)
+        self._counters: Counter[str] = Counter()
+        self._lock = threading.Lock()
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
-            self.counters[name] += n
+            self._counters[name] += n
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    def reaps(self) -> list[dict]:
+        with self._lock:
+            return [asdict(r) for r in self.recent]
 
     def outcome(
         self, owner: Owner, death: str, outcome: Outcome, latency: float, dry_run: bool = False
     ) -> None:
         reap = Reap(
+            time=round(time.time(), 3),
             what=outcome.what,
             kind=outcome.kind,
             owner=str(owner),
@@ -47,24 +71,24 @@ class Recorder:
             latency_ms=round(latency * 1000, 1),
             result=outcome.detail,
             ok=outcome.ok,
+            refused=outcome.refused,
+            dry_run=dry_run,
         )
+        if outcome.refused:
+            counter, verb, level = "refusals", "refused", logging.WARNING
+        elif not outcome.ok:
+            counter, verb, level = "removal_errors", "failed", logging.WARNING
+        elif dry_run:
+            counter, verb, level = f"would_reap_{outcome.kind}", "would reap", logging.INFO
+        else:
+            counter, verb, level = f"reaped_{outcome.kind}", "reaped", logging.INFO
         with self._lock:
             self.recent.append(reap)
-            if outcome.refused:
-                self.counters["refusals"] += 1
-            elif not outcome.ok:
-                self.counters["removal_errors"] += 1
-            elif dry_run:
-                self.counters[f"would_reap_{outcome.kind}"] += 1
-            else:
-                self.counters[f"reaped_{outcome.kind}"] += 1
-        level = logging.INFO if outcome.ok else logging.WARNING
-        if outcome.refused:
-            verb = "refused"
-        elif not outcome.ok:
-            verb = "failed"
-        else:
-            verb = "would reap" if dry_run else "reaped"
+            self._counters[counter] += 1
+        if self.audit is not None:
+            self.audit.write(asdict(reap))
+        if self.observe is not None and outcome.ok and not dry_run:
+            self.observe(outcome.kind, latency)
         log.log(
             level,
             "%s %s owner=%s death=%r latency_ms=%.1f result=%r",
@@ -74,4 +98,5 @@ class Recorder:
             reap.death,
             reap.latency_ms,
             reap.result,
+            extra={"fields": {"event": verb.replace(" ", "_"), **asdict(reap)}},
         )

@@ -3,7 +3,6 @@ real signals, a real Docker engine and real directories."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
 import subprocess
@@ -12,8 +11,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-import docker.errors
 import pytest
+from agentproc import Agent, agent_argv, container, exists, wait_gone
 
 from exitwatch import mark_workdir, owner_labels
 from exitwatch.contract import LABEL_OWNER
@@ -33,34 +32,6 @@ from procs import (
 SOURCES = ["ebpf", "netlink", "poll"]
 
 
-class Agent:
-    def __init__(self, argv: list[str], log: Path) -> None:
-        self.log = log
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("wb")
-        )
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_log(self, needle: str, what: str | None = None) -> None:
-        def seen() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.text()}")
-            return needle in self.text()
-
-        wait_for(seen, timeout=30, what=what or f"agent log line {needle!r}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture
 def workroot():
     root = Path(tempfile.mkdtemp(prefix="exitwatch-e2e-", dir="/tmp"))
@@ -73,21 +44,7 @@ def start_agent(engine, workroot, tmp_path):
     started: list[Agent] = []
 
     def start(source: str = "netlink", *extra: str) -> Agent:
-        argv = [
-            sys.executable,
-            "-m",
-            "exitwatch",
-            "agent",
-            "--source",
-            source,
-            "--docker-host",
-            engine.host,
-            "--workdir-root",
-            str(workroot),
-            "--poll-interval",
-            "0.2",
-            *extra,
-        ]
+        argv = agent_argv(source, engine.host, workroot, extra=extra)
         agent = Agent(argv, tmp_path / f"agent-{len(started)}.log")
         started.append(agent)
         agent.wait_log("ready:")
@@ -98,38 +55,12 @@ def start_agent(engine, workroot, tmp_path):
         agent.stop()
 
 
-def container(engine, pid=None, labels=None) -> str:
-    """A running `sleep infinity` container owned by `pid`; its id.
-
-    The agent may remove it as soon as it is created (its owner may be dead already), so
-    a start that finds it gone is not an error.
-    """
-    labels = owner_labels(pid) if labels is None else labels
-    cid = engine.client.api.create_container(engine.image, "sleep infinity", labels=labels)["Id"]
-    with contextlib.suppress(docker.errors.APIError):  # 404, or 409 "removal in progress"
-        engine.client.api.start(cid)
-    return cid
-
-
-def exists(engine, cid: str) -> bool:
-    try:
-        engine.client.api.inspect_container(cid)
-    except docker.errors.NotFound:
-        return False
-    return True
-
-
 def workdir(root: Path, pid: int | None, name: str = "w") -> Path:
     path = root / name
     (path / "sub").mkdir(parents=True)
     (path / "sub" / "data").write_bytes(b"x" * 1000)
     mark_workdir(path, pid)
     return path
-
-
-def wait_gone(engine, cids=(), paths=()) -> None:
-    wait_for(lambda: not any(exists(engine, c) for c in cids), what=f"containers {cids} gone")
-    wait_for(lambda: not any(p.exists() for p in paths), what=f"workdirs {paths} gone")
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -140,7 +71,9 @@ def test_sigkilled_owner_loses_its_container_and_workdir(engine, start_agent, wo
     path = workdir(workroot, owner.pid)
     kill(owner, signal.SIGKILL)
     wait_gone(engine, [cid], [path])
-    agent.wait_log("death='killed by SIGKILL" if source != "poll" else "death='process gone")
+    agent.wait_log("reaped container")
+    if source != "poll":  # polling learns the wait status only if it sees the zombie
+        assert "death='killed by SIGKILL" in agent.text()
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -57,3 +57,16 @@ def test_replace_kind_touches_only_that_kind():
     assert added == {C}
     assert emptied == {B}
     assert [r.key for r in index.resources(A)] == ["/tmp/w"]
+
+
+def test_counts_follow_every_change():
+    index = Index()
+    index.add(res("container", "c1", A))
+    index.add(res("container", "c1", A))
+    index.add(res("container", "c2", B))
+    index.add(res("workdir", "/tmp/w", A))
+    assert index.counts == {"container": 2, "workdir": 1}
+    index.discard("container", "c2")
+    index.pop_owner(A)
+    index.replace_kind("workdir", (res("workdir", "/tmp/v", C),))
+    assert +index.counts == {"workdir": 1}

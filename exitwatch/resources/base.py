@@ -77,3 +77,7 @@ class ResourceKind(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop the watching thread. Idempotent, returns promptly."""
+
+    def health(self) -> dict:
+        """What status shows about this kind's backend (e.g. the Docker endpoint)."""
+        return {}

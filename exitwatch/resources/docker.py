@@ -29,7 +29,7 @@ WORKERS = 8  # parallel removals
 ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
 RETRY_PAUSE = 0.2
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
-STOP_DEADLINE = 5.0
+STOP_DEADLINE = 1.0  # the agent stops within 2 s of SIGTERM; the thread is a daemon
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
 SINCE_MARGIN_NS = 100_000_000
@@ -193,6 +193,14 @@ class Containers(ResourceKind):
         self._lock = threading.Lock()
         self._stream: Any = None
         self._thread: threading.Thread | None = None
+
+    def health(self) -> dict:
+        return {
+            "endpoint": self.host,
+            "connected": self.connected,
+            "reconnects": self.reconnects,
+            "last_error": self.last_error,
+        }
 
     def ping(self) -> str | None:
         """None when the engine answers; otherwise one line naming it and saying why not."""

@@ -43,6 +43,10 @@ class Source(abc.ABC):
     """
 
     name: str
+    # Exit events this source has read from the kernel (or deaths it found, polling). Only
+    # its own thread writes it; readers take a possibly stale but whole int.
+    events_seen: int = 0
+    lost: int = 0  # times the kernel dropped events for this source (hints were lost)
 
     @abc.abstractmethod
     def start(self, emit: Emit) -> None: ...

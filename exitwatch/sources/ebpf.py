@@ -270,6 +270,7 @@ class EbpfSource(Source):
         tgid, status, start_ns = _EVENT.unpack(ctypes.string_at(data, _EVENT.size))
         ticks = start_ns // self._ns_per_tick
         hint = Exit(tgid, status=status, starttime=ticks, at=time.monotonic())
+        self.events_seen += 1
         self._samples.append((Owner(current_boot_id(), tgid, ticks), hint))
         return 0
 
@@ -300,6 +301,7 @@ class EbpfSource(Source):
                 lost = lib.lookup_u32_u64(self._lost_fd, 0)
                 if lost != lost_seen:
                     emit(Lost(f"ebpf ring buffer full, {lost - lost_seen} exits unreported"))
+                    self.lost += 1
                     lost_seen = lost
                 while held and held[0][0] <= now:
                     _, _, delay, owner, hint = heapq.heappop(held)

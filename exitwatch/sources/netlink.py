@@ -40,6 +40,8 @@ INIT_PID_NS = 0xEFFFFFFC
 INIT_USER_NS = 0xEFFFFFFD
 
 DEFAULT_RCVBUF = 16 * 1024 * 1024
+# Tests force a tiny buffer on an agent process to provoke ENOBUFS and its resync.
+RCVBUF_ENV = "EXITWATCH_NETLINK_RCVBUF"
 RECV_SIZE = 16 * 1024
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
@@ -52,6 +54,23 @@ _HEAD = struct.Struct("=I32xI16xI")  # nlmsg_len, what, process_tgid
 _STATUS = struct.Struct("=I")
 _STATUS_AT = 60
 _EVENT_MIN = _STATUS_AT + _STATUS.size
+
+
+def default_rcvbuf() -> int:
+    """DEFAULT_RCVBUF, or the byte count in $EXITWATCH_NETLINK_RCVBUF (a warning if bad)."""
+    text = os.environ.get(RCVBUF_ENV)
+    if text is None:
+        return DEFAULT_RCVBUF
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        log.warning(
+            "%s=%r is not a positive byte count; using %d", RCVBUF_ENV, text, DEFAULT_RCVBUF
+        )
+        return DEFAULT_RCVBUF
+    return value
 
 
 def exit_filter_supported(release: str | None = None) -> bool:
@@ -159,9 +178,10 @@ class NetlinkSource(Source):
 
     name = "netlink"
 
-    def __init__(self, rcvbuf: int = DEFAULT_RCVBUF, exit_only: bool | None = None) -> None:
-        """`exit_only` None asks the kernel for exits only where it can filter (>= 6.6)."""
-        self.rcvbuf = rcvbuf
+    def __init__(self, rcvbuf: int | None = None, exit_only: bool | None = None) -> None:
+        """`rcvbuf` None is default_rcvbuf(); `exit_only` None asks the kernel for exits
+        only where it can filter (>= 6.6)."""
+        self.rcvbuf = default_rcvbuf() if rcvbuf is None else rcvbuf
         self.exit_only = exit_filter_supported() if exit_only is None else exit_only
         self.lost = 0  # ENOBUFS count: times the kernel dropped events for us
         self._owners: set[Owner] = set()
@@ -276,6 +296,7 @@ class NetlinkSource(Source):
                 self.lost += 1
                 emit(Lost("netlink receive buffer overflowed (ENOBUFS)"))
                 continue
+            self.events_seen += 1
             deliver(buf, n, watched, emit)
 
     def _close(self, sock: socket.socket) -> None:

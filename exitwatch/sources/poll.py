@@ -85,4 +85,5 @@ class PollSource(Source):
                 if owner not in self._owners:
                     continue
                 self._owners.discard(owner)
+            self.events_seen += 1
             emit(Exit(pid=owner.pid, status=_status(owner), at=time.monotonic()))

@@ -1,0 +1,142 @@
+"""One run of the agent as a service: its source, kinds, audit log, status socket, metrics
+and systemd notifications, wired together and torn down within a deadline."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict
+
+from exitwatch import __version__
+from exitwatch.agent import Agent
+from exitwatch.audit import AuditLog
+from exitwatch.config import Config
+from exitwatch.record import Recorder
+from exitwatch.resources.base import ResourceKind
+from exitwatch.resources.docker import Containers
+from exitwatch.resources.workdirs import Workdirs
+from exitwatch.sources import pick
+from exitwatch.status import SCHEMA, StatusServer
+from exitwatch.systemd import Notifier
+
+log = logging.getLogger(__name__)
+
+
+def make_kinds(config: Config) -> list[ResourceKind]:
+    """The resource kinds, containers first."""
+    return [
+        Containers(config.docker_host),
+        Workdirs(config.workdir_roots, config.workdir_depth),
+    ]
+
+
+class Service:
+    def __init__(self, config: Config, started: float) -> None:
+        self.config = config
+        self.started = started  # unix time the process started, kept across reloads
+        self.notifier = Notifier()
+        self._agent: Agent | None = None
+        self._stop_requested = threading.Event()
+        self._stop_at = 0.0
+
+    def stop(self) -> None:
+        """Make run() return; safe in a signal handler."""
+        self._stop_at = time.monotonic()
+        self._stop_requested.set()
+        if self._agent is not None:
+            self._agent.stop()
+
+    def run(self, deadline: float) -> int:
+        """Run until stop(); how many removals under way were abandoned at the deadline
+        (counted from stop())."""
+        config = self.config
+        self._stop_requested.clear()
+        source, why = pick(
+            config.source,
+            poll_interval=config.poll_interval,
+            ebpf_max_owners=config.ebpf_max_owners,
+        )
+        log.info("exitwatch %s starting: %s", __version__, config.describe())
+        log.info("exit source %s", why)
+        audit = AuditLog(config.audit_log, config.audit_max_bytes) if config.audit_log else None
+        recorder = Recorder(audit)
+        kinds = make_kinds(config)
+        agent = Agent(
+            config,
+            kinds,
+            source,
+            recorder,
+            watchdog=self.notifier.ping,
+            watchdog_interval=self.notifier.watchdog_interval,
+        )
+        info = {
+            "version": __version__,
+            "pid": os.getpid(),
+            "started_at": self.started,
+            "source": source.name,
+            "source_reason": why,
+            "dry_run": config.dry_run,
+            "config": asdict(config),
+        }
+        closers = []
+        try:
+            if config.metrics_addr:
+                from exitwatch.metrics import Metrics
+
+                metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, kinds[0]))
+                recorder.observe = metrics.observe
+                closers.append(metrics.close)
+            server = StatusServer(
+                config.status_socket, lambda: _status(agent, kinds[0], recorder, info)
+            )
+            closers.append(server.close)
+            self._agent = agent
+            if self._stop_requested.is_set():
+                agent.stop()
+            self.notifier.send(f"READY=1\nSTATUS=following exits with {source.name}")
+            agent.run()
+            self.notifier.send("STOPPING=1")
+            left = max(0.0, deadline - (time.monotonic() - self._stop_at))
+            abandoned = agent.drain(left)
+            if abandoned:
+                log.warning(
+                    "%d removals under way abandoned at shutdown; a restart redoes them", abandoned
+                )
+            return abandoned
+        finally:
+            self._agent = None
+            for close in reversed(closers):
+                close()
+            if audit is not None:
+                audit.close()
+
+
+def _status(agent: Agent, docker: ResourceKind, recorder: Recorder, info: dict) -> dict:
+    try:
+        body = agent.ask(lambda: {"owners": agent.owners(), "pending": agent.pending()})
+    except TimeoutError:
+        body = {"owners": [], "pending": [], "busy": "the agent's loop did not answer in time"}
+    return {
+        "schema": SCHEMA,
+        "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
+        "docker": docker.health(),
+        **body,
+        "reaps": recorder.reaps(),
+        "counters": agent.counters(),
+    }
+
+
+def _metrics_state(agent: Agent, docker: ResourceKind) -> dict:
+    counters = agent.counters()
+    health = docker.health()
+    return {
+        **counters,
+        **agent.ask(agent.gauges),  # a wedged loop fails the scrape rather than lie
+        "reaped": {
+            k.removeprefix("reaped_"): v for k, v in counters.items() if k.startswith("reaped_")
+        },
+        "reconnects": health.get("reconnects", 0),
+        "engine_connected": int(bool(health.get("connected"))),
+    }

@@ -1,0 +1,119 @@
+"""A real agent process for end-to-end tests, and the container helpers they share."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import docker.errors
+
+from exitwatch import owner_labels
+
+from procs import wait_for
+
+
+def agent_argv(
+    source: str, docker_host: str, *roots: Path, extra: tuple[str, ...] = ()
+) -> list[str]:
+    """The command line of an agent following `source`, with a short poll interval, and
+    its status socket and audit log in a fresh directory of its own (never the system's)."""
+    state = tempfile.mkdtemp(prefix="exitwatch-agent-", dir="/tmp")  # short: a socket path
+    atexit.register(shutil.rmtree, state, True)
+    argv = [
+        sys.executable,
+        "-m",
+        "exitwatch",
+        "agent",
+        "--source",
+        source,
+        "--docker-host",
+        docker_host,
+        "--poll-interval",
+        "0.2",
+        "--status-socket",
+        f"{state}/status.sock",
+        "--audit-log",
+        f"{state}/audit.jsonl",
+    ]
+    for root in roots:
+        argv += ["--workdir-root", str(root)]
+    return [*argv, *extra]
+
+
+class Agent:
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("wb"),
+            env=None if env is None else os.environ | env,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_log(self, needle: str, what: str | None = None, count: int = 1) -> None:
+        """Wait until `needle` appears `count` times in the log; fail if the agent exits."""
+
+        def seen() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited {self.proc.returncode}:\n{self.text()}")
+            return self.text().count(needle) >= count
+
+        wait_for(seen, timeout=30, what=what or f"agent log line {needle!r}")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup of any kind runs."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def container(engine, pid=None, labels=None) -> str:
+    """A running `sleep infinity` container owned by `pid`; its id.
+
+    The agent may remove it as soon as it is created (its owner may be dead already), so
+    a start that finds it gone is not an error.
+    """
+    labels = owner_labels(pid) if labels is None else labels
+    cid = engine.client.api.create_container(engine.image, "sleep infinity", labels=labels)["Id"]
+    with contextlib.suppress(docker.errors.APIError):  # 404, or 409 "removal in progress"
+        engine.client.api.start(cid)
+    return cid
+
+
+def exists(engine, cid: str) -> bool:
+    try:
+        engine.client.api.inspect_container(cid)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def wait_gone(engine, cids=(), paths=()) -> None:
+    wait_for(lambda: not any(exists(engine, c) for c in cids), what=f"containers {cids} gone")
+    wait_for(lambda: not any(p.exists() for p in paths), what=f"workdirs {paths} gone")

@@ -1,0 +1,318 @@
+"""Operating the agent: status, config file, audit log, metrics, signals, systemd
+notifications, JSON logs. Real agent processes against the real engine and kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+from agentproc import Agent, agent_argv, container, exists, wait_gone
+
+from exitwatch import mark_workdir
+
+from procs import kill, spawn_owner, wait_for
+
+EXITWATCH = [sys.executable, "-m", "exitwatch"]
+
+
+@pytest.fixture
+def root():
+    path = Path(tempfile.mkdtemp(prefix="exitwatch-ops-", dir="/tmp"))
+    (path / "work").mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def run_agent(engine, root, tmp_path):
+    started: list[Agent] = []
+
+    def start(*extra: str, env: dict[str, str] | None = None, ready: bool = True) -> Agent:
+        argv = agent_argv("netlink", engine.host, root / "work", extra=extra)
+        agent = Agent(argv, tmp_path / f"agent-{len(started)}.log", env=env)
+        agent.argv = argv
+        started.append(agent)
+        if ready:
+            agent.wait_log("ready:")
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()
+
+
+def flag(agent: Agent, name: str) -> str:
+    return agent.argv[agent.argv.index(name) + 1]
+
+
+def exitwatch(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EXITWATCH, *args], capture_output=True, text=True, timeout=60, **kw)
+
+
+def status(agent: Agent, *args: str) -> subprocess.CompletedProcess[str]:
+    return exitwatch("status", "--status-socket", flag(agent, "--status-socket"), *args)
+
+
+def workdir(root: Path, pid: int, name: str) -> Path:
+    path = root / "work" / name
+    path.mkdir()
+    mark_workdir(path, pid)
+    return path
+
+
+def test_status_of_a_running_agent(engine, run_agent, root):
+    agent = run_agent()
+    owner = spawn_owner()
+    cid = container(engine, owner.pid)
+    path = workdir(root, owner.pid, "held")
+
+    def shows_owner() -> dict | None:
+        doc = json.loads(status(agent, "--json").stdout)
+        return doc if any(o["pid"] == owner.pid and o["workdirs"] for o in doc["owners"]) else None
+
+    doc = wait_for(shows_owner, what="status to list the owner with its workdir")
+    assert {"schema", "agent", "docker", "owners", "pending", "reaps", "counters"} <= set(doc)
+    assert doc["agent"]["source"] == "netlink"
+    assert doc["agent"]["source_reason"].startswith("netlink: self-test passed")
+    assert doc["docker"] == {
+        "endpoint": engine.host,
+        "connected": True,
+        "reconnects": 0,
+        "last_error": None,
+    }
+    [mine] = [o for o in doc["owners"] if o["pid"] == owner.pid]
+    assert mine["owner"] == str(owner.owner)
+    assert [c["id"] for c in mine["containers"]] == [cid]
+    assert mine["workdirs"] == [str(path)]
+
+    kill(owner)
+    wait_gone(engine, [cid], [path])
+    done = status(agent)
+    assert done.returncode == 0
+    assert "source:   netlink" in done.stdout
+    assert f"removed: container {cid[:12]}" in done.stdout
+    assert f"removed: workdir {path}" in done.stdout
+    doc = json.loads(status(agent, "--json").stdout)
+    assert doc["counters"]["reaped_container"] == 1
+    assert doc["counters"]["reaped_workdir"] == 1
+    assert doc["counters"]["exits_seen"] >= 1
+    # The hint may be handled while the owner is still a zombie of this test process.
+    assert all("killed by SIGKILL" in r["death"] for r in doc["reaps"]), doc["reaps"]
+
+
+def test_status_with_no_agent_scans_read_only_and_exits_3(engine, root, tmp_path):
+    owner = spawn_owner()
+    cid = container(engine, owner.pid)
+    path = workdir(root, owner.pid, "orphan")
+    alive = spawn_owner()
+    kept = workdir(root, alive.pid, "alive")
+    kill(owner)
+    config = tmp_path / "config.toml"
+    config.write_text(f'workdir_roots = ["{root / "work"}"]\ndocker_host = "{engine.host}"\n')
+    done = exitwatch(
+        "status", "--config", str(config), "--status-socket", str(tmp_path / "none.sock"), "--json"
+    )
+    assert done.returncode == 3, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["agent"] is None
+    assert [o["workdirs"] for o in doc["owners"]] == [[str(kept)]]
+    [orphan] = doc["pending"]
+    assert orphan["owner"] == str(owner.owner)
+    assert orphan["death"] == "process gone"
+    assert str(path) in orphan["what"]
+    assert exists(engine, cid) and path.exists()  # nothing removed
+    kill(alive)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("colour = 3\n", "unknown key 'colour'"),
+        ('poll_interval = "fast"\n', "poll_interval: expected a number, got 'fast'"),
+        ('source = "psychic"\n', "source: expected one of auto, ebpf, netlink, poll"),
+        ("workdir_depth = 0\n", "workdir_depth: expected an integer in 1..16, got 0"),
+        ('workdir_roots = "/tmp"\n', "workdir_roots: expected a list of strings"),
+        ('metrics_addr = "localhost"\n', "metrics_addr: expected HOST:PORT"),
+        ("dry_run = [\n", "not valid TOML"),
+    ],
+)
+def test_config_errors_are_one_line_and_stop_the_agent(tmp_path, body, expected):
+    config = tmp_path / "config.toml"
+    config.write_text(body)
+    done = exitwatch("agent", "--config", str(config))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"Error: {config}: ")
+    assert expected in lines[0]
+
+
+def test_missing_config_file_is_one_line(tmp_path):
+    done = exitwatch("agent", "--config", str(tmp_path / "nope.toml"))
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        f"Error: {tmp_path / 'nope.toml'}: cannot read: No such file or directory"
+    )
+
+
+def test_flags_override_the_config_file(engine, run_agent, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("poll_interval = 7.5\nreap_attempts = 5\ndry_run = true\n")
+    agent = run_agent("--config", str(config), "--poll-interval", "0.3")
+    settings = json.loads(status(agent, "--json").stdout)["agent"]["config"]
+    assert settings["poll_interval"] == 0.3  # the flag
+    assert settings["reap_attempts"] == 5  # the file
+    assert settings["dry_run"] is True
+
+
+def test_audit_log_records_removals_and_refusals(engine, run_agent, root):
+    agent = run_agent()
+    audit = Path(flag(agent, "--audit-log"))
+    owner = spawn_owner()
+    cid = container(engine, owner.pid)
+    path = workdir(root, owner.pid, "removed")
+    # A marker owned by another user than its directory's: never acted on.
+    foreign = workdir(root, owner.pid, "foreign")
+    os.chown(foreign / ".exitwatch-owner", 65534, 65534)
+    kill(owner)
+    wait_gone(engine, [cid], [path])
+
+    def entries() -> list[dict]:
+        if not audit.exists():
+            return []
+        return [json.loads(line) for line in audit.read_text().splitlines()]
+
+    wait_for(lambda: len(entries()) >= 3, what="three audit entries")
+    by_what = {e["what"]: e for e in entries()}
+    removed = by_what[f"workdir {path}"]
+    assert removed["ok"] and not removed["refused"] and removed["result"] == "removed"
+    assert removed["owner"] == str(owner.owner)
+    assert "killed by SIGKILL" in removed["death"]
+    assert removed["latency_ms"] >= 0
+    [container_entry] = [e for e in entries() if e["kind"] == "container"]
+    assert container_entry["ok"] and cid[:12] in container_entry["what"]
+    refused = by_what[f"workdir {foreign}"]
+    assert refused["refused"] and not refused["ok"]
+    assert "uid" in refused["result"]
+    assert foreign.exists()
+    since = status(agent, "--since", "1h", "--json")
+    assert len(json.loads(since.stdout)["reaps"]) == len(entries())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_after_a_reap(engine, run_agent, root):
+    port = _free_port()
+    run_agent("--metrics-addr", f"127.0.0.1:{port}")
+    owner = spawn_owner()
+    cid = container(engine, owner.pid)
+    kill(owner)
+    wait_gone(engine, [cid])
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def reaped() -> str | None:
+        text = scrape()
+        return text if 'exitwatch_reaped_total{kind="container"} 1.0' in text else None
+
+    text = wait_for(reaped, what="the reap in the metrics")
+    assert 'exitwatch_reap_latency_seconds_count{kind="container"} 1.0' in text
+    for name in (
+        "exits_seen_total",
+        "events_lost_total",
+        "resyncs_total",
+        "removal_errors_total",
+        "engine_reconnects_total",
+        "owners_watched",
+        "resources_watched",
+        "engine_connected 1.0",
+    ):
+        assert f"exitwatch_{name}" in text, name
+
+
+def test_sigterm_stops_within_two_seconds_and_removes_the_socket(run_agent):
+    agent = run_agent()
+    sock = Path(flag(agent, "--status-socket"))
+    assert sock.exists()
+    agent.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: agent.proc.poll() is not None, timeout=2.0, what="the agent to exit")
+    assert agent.proc.returncode == 0
+    assert not sock.exists()
+
+
+def test_sighup_reloads_the_config(run_agent, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("dry_run = true\n")
+    agent = run_agent("--config", str(config))
+    config.write_text("dry_run = false\nreap_attempts = 4\n")
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_log("config reloaded")
+    agent.wait_log("ready:", count=2)
+    settings = json.loads(status(agent, "--json").stdout)["agent"]["config"]
+    assert (settings["dry_run"], settings["reap_attempts"]) == (False, 4)
+    config.write_text("reap_attempts = 99\n")
+    agent.proc.send_signal(signal.SIGHUP)
+    agent.wait_log("config not reloaded")
+    agent.wait_log("ready:", count=3)
+    assert json.loads(status(agent, "--json").stdout)["agent"]["config"]["reap_attempts"] == 4
+
+
+def test_sd_notify_ready_and_watchdog(run_agent, tmp_path):
+    path = tempfile.mktemp(prefix="exitwatch-notify-", dir="/tmp")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(10)
+        try:
+            run_agent(env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}, ready=False)
+            seen: set[str] = set()
+            while not {"READY=1", "WATCHDOG=1"} <= seen:
+                seen.update(sock.recv(4096).decode().splitlines())
+        finally:
+            os.unlink(path)
+
+
+def test_json_log_lines(engine, run_agent):
+    agent = run_agent("--log-format", "json")
+    owner = spawn_owner()
+    cid = container(engine, owner.pid)
+    kill(owner)
+    wait_gone(engine, [cid])
+    agent.wait_log('"event": "reaped"')
+    lines = [json.loads(line) for line in agent.text().splitlines()]
+    [reap] = [line for line in lines if line.get("event") == "reaped"]
+    assert reap["kind"] == "container"
+    assert reap["owner"] == str(owner.owner)
+    assert "killed by SIGKILL" in reap["death"]
+
+
+def test_engine_restart_shows_in_status_and_catches_up(engine, run_agent):
+    agent = run_agent()
+    owner = spawn_owner()
+    cid = container(engine, owner.pid)
+    wait_for(lambda: json.loads(status(agent, "--json").stdout)["owners"], what="the owner")
+    engine.stop()
+    wait_for(
+        lambda: not json.loads(status(agent, "--json").stdout)["docker"]["connected"],
+        what="status to show the engine down",
+    )
+    kill(owner)  # dies while the engine is down
+    engine.start()
+    wait_gone(engine, [cid])
+    doc = json.loads(status(agent, "--json").stdout)
+    assert doc["docker"]["connected"] and doc["docker"]["reconnects"] >= 1
+    assert agent.alive()

@@ -1,0 +1,390 @@
+"""Raw Linux file-system work for the workdir kind, all through file descriptors that
+never follow a symlink or cross a mount: opening, walking, reading a small regular file,
+emptying a directory; and inotify.
+
+Nothing here knows what a workdir or a marker is; workdirs.py gives the calls meaning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import logging
+import os
+import stat
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# openat2(2) has the same number on every architecture.
+_SYS_OPENAT2 = 437
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_UNMOUNT = 0x00002000
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_EXCL_UNLINK = 0x04000000
+IN_ISDIR = 0x40000000
+# What a directory's watch reports: its entries created, moved or deleted, files closed after
+# writing, and the directory itself going.
+_WATCH = IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE
+_WATCH |= IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_EXCL_UNLINK
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-padded name
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
+    how = _OpenHow(flags, 0, resolve)
+    # syscall() is variadic: pass every argument at full register width.
+    fd = _libc.syscall(
+        ctypes.c_long(_SYS_OPENAT2),
+        ctypes.c_long(dir_fd),
+        ctypes.c_char_p(os.fsencode(name)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), name)
+    return fd
+
+
+@functools.cache
+def have_openat2() -> bool:
+    """Whether this kernel (and any seccomp filter in the way) allows openat2."""
+    try:
+        os.close(_openat2(-100, "/", _DIR_FLAGS, 0))  # AT_FDCWD
+    except OSError:
+        return False
+    return True
+
+
+def mount_id(fd: int) -> int:
+    """The id of the mount that `fd` lives on: it tells same-filesystem bind mounts apart."""
+    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    raise OSError(errno.ENOTSUP, "no mnt_id in /proc/self/fdinfo")
+
+
+def open_dir(dir_fd: int, name: str) -> int:
+    """Open the subdirectory `name` of `dir_fd`, refusing symlinks and mount crossings.
+
+    Raises OSError: ELOOP or ENOTDIR for a symlink or a non-directory, EXDEV for a mount
+    point or another filesystem (openat2 sees same-filesystem bind mounts too; the fallback
+    compares st_dev and the mount id).
+    """
+    if "/" in name or name in ("", ".", ".."):
+        raise OSError(errno.EINVAL, "not a single path component", name)
+    if have_openat2():
+        return _openat2(
+            dir_fd, name, _DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV | RESOLVE_BENEATH
+        )
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        if os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev or mount_id(fd) != mount_id(dir_fd):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_under(root: str, parts: Sequence[str]) -> int:
+    """Open root/parts[0]/... one component at a time with open_dir. Raises OSError."""
+    fd = os.open(root, _DIR_FLAGS)
+    for part in parts:
+        try:
+            sub = open_dir(fd, part)
+        finally:
+            os.close(fd)
+        fd = sub
+    return fd
+
+
+def walk_dirs(
+    fd: int, path: str, depth: int, limit: int, visit: Callable[[int, str, int], bool]
+) -> None:
+    """Call visit(fd, path, depth) on the open directory `fd` and on its subdirectories
+    down to depth `limit`, below those for which visit returns True. Closes `fd`.
+
+    Symlinks, mount points and entries that vanish are skipped. At most one fd per level
+    is open at a time.
+    """
+    stack: list[tuple[int, str, int, Iterator[os.DirEntry[str]]]] = []
+    try:
+        while True:
+            if visit(fd, path, depth) and depth < limit:
+                stack.append((fd, path, depth, os.scandir(fd)))
+            else:
+                os.close(fd)
+            fd = -1
+            while stack and fd < 0:
+                parent, ppath, pdepth, entries = stack[-1]
+                entry = next(entries, None)
+                if entry is None:
+                    entries.close()
+                    os.close(parent)
+                    stack.pop()
+                elif entry.is_dir(follow_symlinks=False):
+                    path, depth = os.path.join(ppath, entry.name), pdepth + 1
+                    try:
+                        fd = open_dir(parent, entry.name)
+                    except OSError as err:
+                        if err.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
+                            log.warning("cannot open directory %s: %s", path, err.strerror)
+            if fd < 0:
+                return
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        for parent, _, _, entries in stack:
+            entries.close()
+            os.close(parent)
+
+
+def open_parent(fd: int) -> int:
+    """Open '..' of `fd`. The caller must check it is the directory it came from."""
+    # RESOLVE_BENEATH forbids '..', so this is a plain openat.
+    return os.open("..", _DIR_FLAGS, dir_fd=fd)
+
+
+def file_type(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "of an unknown type"
+
+
+class NotRegular(OSError):
+    """The name is not a regular file; str() says what it is instead."""
+
+
+def read_regular(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """Read at most `limit` + 1 bytes of the regular file `name` in `dir_fd`.
+
+    The file is pinned with O_PATH (which opens nothing: no FIFO blocks, no device driver
+    runs), checked to be a regular file, and only then reopened for reading through
+    /proc/self/fd, so a swap between the check and the read cannot change what is read.
+    """
+    pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(f"is {file_type(st.st_mode)}, not a regular file")
+        fd = os.open(
+            f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        )
+    finally:
+        os.close(pfd)
+    try:
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
+
+
+Left = tuple[str, str, bool]  # path below the emptied directory, why it stayed, on purpose
+
+
+def empty_dir(top: int, spare: Callable[[int], str | None], keep: str) -> list[Left]:
+    """Remove everything below the open directory `top` except its entry `keep`.
+
+    Never follows a symlink and never enters another mount; `spare(fd)` may keep a
+    subdirectory by saying why. Returns what was left. An explicit stack with one open fd
+    at a time: going back up opens '..' and checks it is the directory we came from, so no
+    depth exhausts the Python stack or the fd table.
+    """
+    left: list[Left] = []
+    fd = os.dup(top)
+    try:
+        names = [n for n in os.listdir(fd) if n != keep]
+        stack: list[tuple[str, os.stat_result, list[str], int]] = [("", os.fstat(fd), names, 0)]
+        while stack:
+            rel, _, names, left_before = stack[-1]
+            if names:
+                name = names.pop()
+                sub_rel = f"{rel}/{name}" if rel else name
+                sub = _step(fd, name, sub_rel, spare, left)
+                if sub is not None:
+                    os.close(fd)
+                    fd = sub[0]
+                    stack.append((sub_rel, sub[1], sub[2], len(left)))
+                continue
+            stack.pop()
+            if not stack:
+                break
+            up = open_parent(fd)
+            ust, want = os.fstat(up), stack[-1][1]
+            if (ust.st_dev, ust.st_ino) != (want.st_dev, want.st_ino):
+                os.close(up)
+                left.append((rel, "it was moved away during removal; stopped there", True))
+                break
+            os.close(fd)
+            fd = up
+            try:
+                os.rmdir(os.path.basename(rel), dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                # Not empty because of something already reported: say it once.
+                if err.errno != errno.ENOTEMPTY or len(left) == left_before:
+                    left.append((rel, err.strerror or str(err), False))
+    finally:
+        os.close(fd)
+    return left
+
+
+def _step(
+    fd: int, name: str, rel: str, spare: Callable[[int], str | None], left: list[Left]
+) -> tuple[int, os.stat_result, list[str]] | None:
+    """Unlink entry `name` of `fd`, or open it when it is a directory to descend into."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            # Unlinking a symlink or a hard link never touches the target's content.
+            os.unlink(name, dir_fd=fd)
+            return None
+        child = open_dir(fd, name)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.EXDEV:
+            left.append((rel, "a mount point or on another filesystem", True))
+        elif err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
+            left.append((rel, "it changed during removal", True))
+        else:
+            left.append((rel, err.strerror or str(err), False))
+        return None
+    try:
+        cst = os.fstat(child)
+        if (cst.st_dev, cst.st_ino) != (st.st_dev, st.st_ino):
+            left.append((rel, "it changed during removal", True))
+        elif (why := spare(child)) is not None:
+            left.append((rel, why, True))
+        else:
+            return child, cst, os.listdir(child)
+    except OSError as err:
+        left.append((rel, err.strerror or str(err), False))
+    os.close(child)
+    return None
+
+
+@dataclass
+class Watched:
+    wd: int
+    depth: int  # levels below the root of the watched tree
+    children: set[str] = field(default_factory=set)
+
+
+class Inotify:
+    """A non-blocking inotify instance that watches a tree of directories by path.
+
+    Each directory is watched through the descriptor it was opened with, so the watch lands
+    on the very directory that was checked, whatever happens to its path meanwhile.
+    """
+
+    def __init__(self) -> None:
+        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        self.fd: int = fd
+        self.dirs: dict[str, Watched] = {}
+        self._paths: dict[int, str] = {}  # wd -> directory
+
+    def watch(self, fd: int, path: str, depth: int) -> None:
+        """Watch the open directory `fd`, known as `path`, `depth` levels below the root of
+        the tree. Raises OSError (ENOSPC: the watch limit is reached)."""
+        wd = _libc.inotify_add_watch(
+            self.fd, f"/proc/self/fd/{fd}".encode(), ctypes.c_uint32(_WATCH)
+        )
+        if wd < 0:
+            err = ctypes.get_errno()
+            why = "inotify watch limit reached" if err == errno.ENOSPC else os.strerror(err)
+            raise OSError(err, why, path)
+        old = self.dirs.get(path)
+        if old is None or old.wd != wd:
+            if old is not None:
+                self.unwatch(path)
+            self.dirs[path] = Watched(wd, depth)
+        parent = self.dirs.get(os.path.dirname(path)) if depth else None
+        if parent is not None:
+            parent.children.add(path)
+        # The same directory seen under a newer path (a rename not yet reported) moves over.
+        self._paths[wd] = path
+
+    def unwatch(self, path: str) -> None:
+        d = self.dirs.pop(path)
+        parent = self.dirs.get(os.path.dirname(path))
+        if parent is not None:
+            parent.children.discard(path)
+        if self._paths.get(d.wd) == path:
+            del self._paths[d.wd]
+            # EINVAL: the kernel already dropped the watch with its directory.
+            _libc.inotify_rm_watch(self.fd, d.wd)
+
+    def subtree(self, path: str) -> list[str]:
+        """`path` and every directory watched below it."""
+        out, todo = [], [path]
+        while todo:
+            p = todo.pop()
+            if p in self.dirs:
+                out.append(p)
+                todo.extend(self.dirs[p].children)
+        return out
+
+    def path(self, wd: int) -> str | None:
+        """The directory watched as `wd`, or None when it is no longer watched."""
+        return self._paths.get(wd)
+
+    def read(self) -> list[tuple[int, int, str]]:
+        """The pending events as (wd, mask, name); [] when none are pending."""
+        try:
+            buf = os.read(self.fd, 64 * 1024)
+        except BlockingIOError:
+            return []
+        events, off = [], 0
+        while off < len(buf):
+            wd, mask, _cookie, length = _EVENT.unpack_from(buf, off)
+            off += _EVENT.size
+            events.append((wd, mask, os.fsdecode(buf[off : off + length].rstrip(b"\0"))))
+            off += length
+        return events
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -1,0 +1,713 @@
+"""The workdir kind on real directories, real mounts and a real unprivileged attacker.
+
+Runs as root. Roots are fresh 1777 directories under /tmp, like /tmp itself; the victim is a
+root-owned tree outside them whose checksum must never change.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exitwatch.contract import MARKER, mark_workdir
+from exitwatch.owner import Owner, current_boot_id, owner_of
+from exitwatch.resources import fsops
+from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
+from exitwatch.resources.workdirs import Workdirs
+
+from procs import wait_for
+
+ATTACKER = "exitwatch-test"
+# The attacker cannot run pyenv's interpreter under /root; Debian's is world-readable.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _lazy_umount_below(top: str) -> None:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    for point in sorted((p for p in points if p.startswith(top + "/")), reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """A world-writable sticky root, like /tmp. Mounts below it go before it does."""
+    top = tempfile.mkdtemp(prefix="exitwatch-test-", dir="/tmp")
+    os.chmod(top, 0o1777)
+    try:
+        yield Path(top)
+    finally:
+        # rmtree would descend into a bind mount and wipe the victim.
+        _lazy_umount_below(top)
+        shutil.rmtree(top)
+
+
+@pytest.fixture
+def victim() -> Iterator[Path]:
+    """A root-owned tree outside every root, with a file, a subdirectory and a symlink."""
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-victim-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    (top / "precious").write_text("do not remove\n")
+    (top / "sub" / "deeper").mkdir(parents=True)
+    (top / "sub" / "deeper" / "data").write_bytes(os.urandom(256))
+    (top / "link").symlink_to("precious")
+    try:
+        yield top
+    finally:
+        _lazy_umount_below(str(top))
+        shutil.rmtree(top)
+
+
+def digest(top: Path) -> str:
+    """A checksum of a tree: names, types, modes, owners, contents and link targets."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            h.update(f"{os.path.relpath(p, top)}\0{st.st_mode}\0{st.st_uid}\0".encode())
+            if stat.S_ISREG(st.st_mode):
+                h.update(Path(p).read_bytes())
+            elif stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(p).encode())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def attacker() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(ATTACKER)
+    except KeyError:
+        # Another test session may be adding it at the same time: look again, whoever won.
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER],
+            check=False,
+            capture_output=True,
+        )
+        return pwd.getpwnam(ATTACKER)
+
+
+def as_user(user: pwd.struct_passwd, script: str, *args: str, **popen: Any) -> subprocess.Popen:
+    """Run a shell script with the user's real privileges (no root, no groups)."""
+    ids = [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+    return subprocess.Popen(["setpriv", *ids, "/bin/sh", "-c", script, "sh", *args], **popen)
+
+
+def run_as(user: pwd.struct_passwd, script: str, *args: str) -> None:
+    proc = as_user(user, script, *args)
+    assert proc.wait(timeout=30) == 0, f"{script!r} failed as {user.pw_name}"
+
+
+@pytest.fixture(params=["openat2", "fallback"])
+def resolve(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a removal test once with openat2 and once with the O_NOFOLLOW + mount id checks."""
+    if request.param == "fallback":
+        monkeypatch.setattr(fsops, "have_openat2", lambda: False)
+    elif not fsops.have_openat2():
+        pytest.skip("this kernel has no openat2")
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_fd_leak() -> Iterator[None]:
+    before = set(os.listdir("/proc/self/fd"))
+    yield
+    leaked = set(os.listdir("/proc/self/fd")) - before
+    assert not leaked, f"file descriptors leaked: {sorted(leaked)}"
+
+
+@pytest.fixture
+def owner() -> Owner:
+    return owner_of()
+
+
+def marked(path: Path, body: bytes | None = None) -> Path:
+    """Create directory `path` with a marker naming this process (or holding `body`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if body is None:
+        mark_workdir(path)
+    else:
+        (path / MARKER).write_bytes(body)
+    return path
+
+
+def resource(path: Path, owner: Owner) -> Resource:
+    return Resource("workdir", str(path), owner, name=str(path))
+
+
+def keys(snapshot: Snapshot) -> set[str]:
+    return {r.key for r in snapshot.resources}
+
+
+# Discovery: scan
+
+
+def test_scan_finds_markers_down_to_the_depth_limit(root: Path, owner: Owner) -> None:
+    shallow = marked(root / "a")
+    middle = marked(root / "b" / "c")
+    deepest = marked(root / "d" / "e" / "f")
+    marked(root / "g" / "h" / "i" / "j")  # one level too deep
+    marked(shallow / "nested")  # below a workdir: the workdir's own business
+    (root / "plain" / "dir").mkdir(parents=True)
+
+    snap = Workdirs([str(root)], depth=3).scan()
+
+    assert snap.kind == "workdir"
+    assert keys(snap) == {str(shallow), str(middle), str(deepest)}
+    assert all(r.owner == owner and r.name == r.key for r in snap.resources)
+    assert keys(Workdirs([str(root)], depth=1).scan()) == {str(shallow)}
+
+
+def test_scan_never_follows_symlinks(root: Path, victim: Path) -> None:
+    outside = marked(victim / "sub" / "marked")
+    (root / "to-outside").symlink_to(outside)
+    (root / "to-victim").symlink_to(victim / "sub")
+    inside = marked(root / "real")
+    (root / "x").mkdir()
+    (root / "x" / "to-inside").symlink_to(inside)
+
+    assert keys(Workdirs([str(root)]).scan()) == {str(inside)}
+
+
+def test_scan_never_enters_a_mount_point(root: Path, victim: Path, resolve: str) -> None:
+    marked(victim / "sub" / "marked")
+    (root / "mnt").mkdir()
+    subprocess.run(["mount", "--bind", str(victim), str(root / "mnt")], check=True)
+
+    assert keys(Workdirs([str(root)]).scan()) == set()
+
+
+def test_scan_warns_once_per_malformed_marker_and_skips_it(
+    root: Path, owner: Owner, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = marked(root / "good")
+    bad: dict[str, Path] = {
+        "is not JSON": marked(root / "not-json", b"owner: me"),
+        "larger than 4096": marked(
+            root / "huge", json.dumps({"owner": str(owner), "pad": "x" * 5000}).encode()
+        ),
+        "is not UTF-8": marked(root / "latin1", b'{"owner": "caf\xe9"}'),
+        'no "owner"': marked(root / "no-owner", b'{"who": "me"}'),
+        "bad owner": marked(root / "bad-owner", b'{"owner": "1:2:3"}'),
+        "a FIFO": root / "fifo",
+        "a symlink": root / "symlink",
+        "a directory": root / "dir",
+        "a character device": root / "device",
+    }
+    for name in ("fifo", "symlink", "dir", "device"):
+        (root / name).mkdir()
+    os.mkfifo(root / "fifo" / MARKER)
+    (root / "symlink" / MARKER).symlink_to(good / MARKER)
+    (root / "dir" / MARKER).mkdir()
+    os.mknod(root / "device" / MARKER, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+
+    # A blocking open of the FIFO would hang here: scan on a thread, with a deadline.
+    result: list[Snapshot] = []
+    with caplog.at_level(logging.WARNING, logger="exitwatch.resources.workdirs"):
+        t = threading.Thread(
+            target=lambda: result.append(Workdirs([str(root)]).scan()), daemon=True
+        )
+        t.start()
+        t.join(timeout=10)
+    assert not t.is_alive(), "scan blocked on a marker"
+
+    assert keys(result[0]) == {str(good)}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for problem, path in bad.items():
+        hits = [w for w in warnings if str(path / MARKER) in w]
+        assert len(hits) == 1 and problem in hits[0] and "\n" not in hits[0], (problem, hits)
+    assert len(warnings) == len(bad)
+
+
+def test_scan_warns_on_an_unreadable_marker(
+    root: Path, attacker: pwd.struct_passwd, caplog: pytest.LogCaptureFixture
+) -> None:
+    locked = marked(root / "locked")
+    os.chmod(locked / MARKER, 0o000)
+    kind = Workdirs([str(root)])
+    # Root reads anything; scanning with the attacker's effective uid makes it unreadable.
+    os.setegid(attacker.pw_gid)
+    os.seteuid(attacker.pw_uid)
+    try:
+        snap = kind.scan()
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+    assert keys(snap) == set()
+    assert any(
+        str(locked / MARKER) in r.getMessage() and "unreadable" in r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    )
+
+
+def test_a_missing_root_is_a_warning(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    present = marked(root / "here")
+    missing = root / "no-such-root"
+    snap = Workdirs([str(missing), str(root)]).scan()
+    assert keys(snap) == {str(present)}
+    assert any(
+        str(missing) in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+    )
+
+
+# Discovery: start
+
+
+class Changes:
+    """What a running kind reported, in order; `gate` pauses the reporting thread."""
+
+    def __init__(self) -> None:
+        self.seen: list[Change] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.blocked = threading.Event()
+
+    def __call__(self, change: Change) -> None:
+        if not self.gate.is_set():
+            self.blocked.set()
+        self.gate.wait()
+        self.seen.append(change)
+
+    def wait(self, want: Callable[[Change], bool], what: str) -> Change:
+        return wait_for(lambda: next((c for c in list(self.seen) if want(c)), None), what=what)
+
+
+@pytest.fixture
+def running() -> Iterator[Callable[[Workdirs], Changes]]:
+    started: list[Workdirs] = []
+    threads_before = set(threading.enumerate())
+
+    def start(kind: Workdirs) -> Changes:
+        changes = Changes()
+        kind.start(changes)
+        started.append(kind)
+        return changes
+
+    yield start
+    for kind in started:
+        kind.stop()
+        kind.stop()  # idempotent
+    assert set(threading.enumerate()) <= threads_before, "a discovery thread outlived stop()"
+
+
+def found(path: Path) -> Callable[[Change], bool]:
+    return lambda c: isinstance(c, Found) and c.resource.key == str(path)
+
+
+def gone(path: Path) -> Callable[[Change], bool]:
+    return lambda c: isinstance(c, Gone) and c == Gone("workdir", str(path))
+
+
+def test_start_reports_a_snapshot_first_then_changes(
+    root: Path, running: Callable[[Workdirs], Changes]
+) -> None:
+    before = marked(root / "before")
+    changes = running(Workdirs([str(root)]))
+    first = wait_for(lambda: changes.seen[:1], what="the first report")[0]
+    assert isinstance(first, Snapshot) and keys(first) == {str(before)}
+
+    # New directories, filled before their watch can exist, and marked by rename.
+    new = marked(root / "p" / "q" / "new")
+    changes.wait(found(new), "the new workdir")
+
+    shutil.rmtree(root / "p")
+    changes.wait(gone(new), "the removed workdir to go")
+
+    os.unlink(before / MARKER)
+    changes.wait(gone(before), "the unmarked workdir to go")
+
+    mark_workdir(before)
+    os.rename(before, root / "renamed")
+    changes.wait(found(root / "renamed"), "the renamed workdir")
+    assert not any(isinstance(c, Snapshot) for c in changes.seen[1:])
+
+
+def test_start_follows_a_directory_whose_marker_goes_and_comes(
+    root: Path, running: Callable[[Workdirs], Changes]
+) -> None:
+    outer = marked(root / "outer")
+    changes = running(Workdirs([str(root)]))
+    changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+
+    # Unmarked, the directory is searched: a workdir inside it now counts...
+    os.unlink(outer / MARKER)
+    inner = marked(outer / "inner")
+    changes.wait(found(inner), "the inner workdir")
+    # ...until the outer one is marked again and owns what lies below it.
+    mark_workdir(outer)
+    changes.wait(found(outer), "the outer workdir again")
+    changes.wait(gone(inner), "the inner workdir to go")
+
+
+def test_start_rescans_after_the_inotify_queue_overflows(
+    root: Path, running: Callable[[Workdirs], Changes], caplog: pytest.LogCaptureFixture
+) -> None:
+    changes = running(Workdirs([str(root)]))
+    changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+    changes.gate.clear()  # the thread blocks in its next report and stops reading events
+    first = marked(root / "first")
+    assert changes.blocked.wait(10), "the reporting thread did not block"
+    queue = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    for i in range(queue // 2 + 100):  # IN_CREATE, IN_CLOSE_WRITE and IN_DELETE each
+        noise = root / f"noise-{i}"
+        noise.touch()
+        noise.unlink()
+    later = marked(root / "later")
+    changes.gate.set()
+
+    snap = changes.wait(
+        lambda c: isinstance(c, Snapshot) and str(later) in keys(c), "a fresh snapshot"
+    )
+    assert keys(snap) == {str(first), str(later)}
+    assert any("overflow" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "call, errno_, why",
+    [
+        ("watch", errno.ENOSPC, "inotify watch limit reached"),
+        ("__init__", errno.EMFILE, "Too many open files"),
+    ],
+)
+def test_start_falls_back_to_rescanning_when_inotify_fails(
+    root: Path,
+    running: Callable[[Workdirs], Changes],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    call: str,
+    errno_: int,
+    why: str,
+) -> None:
+    def refuse(*args: object) -> None:
+        raise OSError(errno_, why)
+
+    # The kernel's answer, injected: this host has watches and instances to spare.
+    monkeypatch.setattr(fsops.Inotify, call, refuse)
+    before = marked(root / "before")
+    changes = running(Workdirs([str(root)]))
+    snap = changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+    assert keys(snap) == {str(before)}
+
+    new = marked(root / "a" / "new")
+    changes.wait(found(new), "the new workdir, by rescanning")
+    shutil.rmtree(root / "a")
+    changes.wait(gone(new), "the removed workdir to go, by rescanning")
+    fallbacks = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(fallbacks) == 1 and why in fallbacks[0]
+
+
+# Removal
+
+
+def test_remove_removes_a_workdir_and_everything_in_it(
+    root: Path, owner: Owner, resolve: str
+) -> None:
+    wd = marked(root / "a" / "wd")
+    (wd / "x" / "y").mkdir(parents=True)
+    (wd / "x" / "y" / "f").write_text("data")
+    (wd / "dangling").symlink_to("/nonexistent")
+    os.mkfifo(wd / "fifo")
+
+    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+
+    assert (out.ok, out.detail, out.kind, out.what) == (True, "removed", "workdir", f"workdir {wd}")
+    assert not wd.exists() and (root / "a").is_dir()
+    [again] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    assert (again.ok, again.detail) == (True, "already gone")
+
+
+def test_remove_empties_a_tree_deeper_than_the_recursion_limit(root: Path, owner: Owner) -> None:
+    wd = marked(root / "deep")
+    fd = os.open(wd, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(2500):  # a path this long exceeds PATH_MAX: build it through fds
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+
+    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    assert (out.ok, out.detail) == (True, "removed")
+    assert not wd.exists()
+
+
+def test_remove_leaves_symlink_and_hard_link_targets_alone(
+    root: Path, victim: Path, owner: Owner, resolve: str
+) -> None:
+    before = digest(victim)
+    wd = marked(root / "wd")
+    (wd / "dir-link").symlink_to(victim)
+    (wd / "file-link").symlink_to(victim / "precious")
+    (wd / "nested").mkdir()
+    (wd / "nested" / "deeper-link").symlink_to(victim / "sub")
+    os.link(victim / "precious", wd / "hard-link")
+
+    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+
+    assert out.ok and not wd.exists()
+    assert digest(victim) == before
+    assert os.stat(victim / "precious").st_nlink == 1
+
+
+def test_remove_never_enters_a_bind_mount_and_says_so(
+    root: Path, victim: Path, owner: Owner, resolve: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = digest(victim)
+    wd = marked(root / "wd")
+    (wd / "mnt").mkdir()
+    (wd / "other").write_text("goes")
+    # Same filesystem: st_dev cannot tell, only openat2 or the mount id can.
+    subprocess.run(["mount", "--bind", str(victim), str(wd / "mnt")], check=True)
+
+    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+
+    assert not out.ok and out.refused
+    assert "mnt" in out.detail and "mount point" in out.detail
+    assert digest(victim) == before
+    assert (wd / MARKER).exists(), "the marker stays, so the workdir is found again"
+    assert not (wd / "other").exists()
+    assert any(
+        str(wd) in r.getMessage() and "mnt" in r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    )
+
+
+def test_remove_refuses_a_workdir_that_is_itself_a_mount_point(
+    root: Path, victim: Path, owner: Owner, resolve: str
+) -> None:
+    marked(victim / "sub" / "deeper")
+    before = digest(victim)
+    (root / "wd").mkdir()
+    subprocess.run(["mount", "--bind", str(victim / "sub"), str(root / "wd")], check=True)
+
+    [out] = Workdirs([str(root)]).remove(
+        owner, [resource(root / "wd" / "deeper", owner)], dry_run=False
+    )
+    assert out.refused and "mount point" in out.detail
+    assert digest(victim) == before
+
+
+def test_remove_refuses_when_the_workdir_or_a_parent_became_a_symlink(
+    root: Path, victim: Path, owner: Owner, attacker: pwd.struct_passwd, resolve: str
+) -> None:
+    body = json.dumps({"owner": str(owner)})
+    # The victim holds a workdir marked with the same owner: the attacker points at it.
+    marked(victim / "sub" / "wd")
+    before = digest(victim)
+    run_as(
+        attacker,
+        'mkdir "$1/wd" "$1/p" && printf %s "$2" > "$1/wd/.exitwatch-owner"'
+        ' && mkdir "$1/p/wd" && printf %s "$2" > "$1/p/wd/.exitwatch-owner"',
+        str(root),
+        body,
+    )
+    kind = Workdirs([str(root)])
+    found_now = {r.key for r in kind.scan().resources}
+    assert found_now == {str(root / "wd"), str(root / "p" / "wd")}
+    run_as(
+        attacker,
+        'mv "$1/wd" "$1/wd.old" && ln -s "$2/sub/wd" "$1/wd"'
+        ' && mv "$1/p" "$1/p.old" && ln -s "$2/sub" "$1/p"',
+        str(root),
+        str(victim),
+    )
+
+    outs = kind.remove(
+        owner, [resource(root / "wd", owner), resource(root / "p" / "wd", owner)], dry_run=False
+    )
+
+    assert all(o.refused and "symlink" in o.detail for o in outs), outs
+    assert digest(victim) == before
+
+
+def test_remove_refuses_a_marker_not_owned_by_the_directory_owner(
+    root: Path, owner: Owner, attacker: pwd.struct_passwd
+) -> None:
+    # Someone else's world-writable directory: the attacker may write into it, not claim it.
+    other = root / "shared"
+    other.mkdir(mode=0o777)
+    os.chmod(other, 0o777)
+    os.chown(other, 4242, 4242)
+    (other / "keep").write_text("mine")
+    run_as(
+        attacker,
+        'printf %s "$2" > "$1/.exitwatch-owner"',
+        str(other),
+        json.dumps({"owner": str(owner)}),
+    )
+
+    [out] = Workdirs([str(root)]).remove(owner, [resource(other, owner)], dry_run=False)
+
+    assert out.refused and "uid" in out.detail
+    assert (other / "keep").read_text() == "mine"
+
+
+def test_remove_refuses_a_hard_linked_marker(root: Path, owner: Owner) -> None:
+    # Where protected_hardlinks is off, a user could link root's marker into another directory.
+    dead = marked(root / "dead")
+    (root / "other").mkdir()
+    os.link(dead / MARKER, root / "other" / MARKER)
+    outs = Workdirs([str(root)]).remove(
+        owner, [resource(dead, owner), resource(root / "other", owner)], dry_run=False
+    )
+    assert all(o.refused and "hard links" in o.detail for o in outs), outs
+
+
+def test_remove_accepts_a_root_owned_marker_in_a_user_directory(
+    root: Path, owner: Owner, attacker: pwd.struct_passwd
+) -> None:
+    run_as(attacker, 'mkdir "$1/users" && touch "$1/users/file"', str(root))
+    mark_workdir(root / "users")  # root marks it, as an agent-side runner would
+    [out] = Workdirs([str(root)]).remove(owner, [resource(root / "users", owner)], dry_run=False)
+    assert out.ok and not (root / "users").exists()
+
+
+def test_remove_refuses_a_root_and_paths_outside_the_roots(
+    root: Path, owner: Owner, tmp_path: Path
+) -> None:
+    marked(root)
+    elsewhere = marked(tmp_path / "elsewhere")
+    kind = Workdirs([str(root)], depth=2)
+    tries = [root, elsewhere, root / ".." / root.name / "x", root / "a" / "b" / "c"]
+
+    outs = kind.remove(owner, [resource(p, owner) for p in tries], dry_run=False)
+
+    assert [o.refused for o in outs] == [True] * 4, outs
+    assert "root" in outs[0].detail
+    assert (root / MARKER).exists() and (elsewhere / MARKER).exists()
+
+
+def test_remove_refuses_a_marker_naming_another_owner(root: Path, owner: Owner) -> None:
+    wd = marked(root / "wd")
+    someone = Owner(current_boot_id(), 1, 1)
+    [out] = Workdirs([str(root)]).remove(someone, [resource(wd, someone)], dry_run=False)
+    assert out.refused and str(owner) in out.detail
+    assert (wd / MARKER).exists()
+
+
+def test_remove_refuses_a_missing_or_malformed_marker(root: Path, owner: Owner) -> None:
+    bare = root / "bare"
+    bare.mkdir()
+    bad = marked(root / "bad", b"{")
+    outs = Workdirs([str(root)]).remove(
+        owner, [resource(bare, owner), resource(bad, owner)], dry_run=False
+    )
+    assert [o.refused for o in outs] == [True, True]
+    assert "no marker" in outs[0].detail and "not JSON" in outs[1].detail
+    assert bare.exists() and bad.exists()
+
+
+def test_remove_keeps_a_nested_workdir_of_another_owner(root: Path, owner: Owner) -> None:
+    wd = marked(root / "wd")
+    (wd / "mine").write_text("goes")
+    nested = marked(
+        wd / "theirs", json.dumps({"owner": str(Owner(current_boot_id(), 1, 1))}).encode()
+    )
+    (nested / "data").write_text("stays")
+
+    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+
+    assert out.refused and "theirs" in out.detail and "another owner" in out.detail
+    assert (nested / "data").read_text() == "stays"
+    assert not (wd / "mine").exists()
+
+
+def test_dry_run_touches_nothing(root: Path, owner: Owner) -> None:
+    wd = marked(root / "wd")
+    (wd / "f").write_text("x")
+    before = digest(root)
+    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=True)
+    assert (out.ok, out.detail) == (True, "would remove")
+    assert digest(root) == before
+
+
+_SWAPPER = r"""
+import os, sys
+wd, victim = sys.argv[1], sys.argv[2]
+
+def swap(path):
+    # `path` becomes a symlink to the victim for a moment, then itself again.
+    for step in (lambda: os.rename(path, path + ".real"), lambda: os.symlink(victim, path),
+                 lambda: os.unlink(path), lambda: os.rename(path + ".real", path)):
+        try:
+            step()
+        except OSError:
+            pass
+
+targets = [os.path.join(wd, f"sub{i}") for i in range(10)]
+print("swapping", flush=True)
+while True:
+    for path in targets:
+        swap(path)
+"""
+
+
+def test_remove_survives_an_attacker_swapping_symlinks_in_a_loop(
+    root: Path, victim: Path, owner: Owner, attacker: pwd.struct_passwd, resolve: str
+) -> None:
+    before = digest(victim)
+    body = json.dumps({"owner": str(owner)})
+    kind = Workdirs([str(root)])
+    for i in range(40):
+        wd = root / f"wd{i}"
+        run_as(
+            attacker,
+            'for i in $(seq 0 9); do mkdir -p "$1/sub$i/a/b" && '
+            'touch "$1/sub$i/a/b/f" "$1/sub$i/g" || exit 1; done && '
+            'printf %s "$2" > "$1/.exitwatch-owner"',
+            str(wd),
+            body,
+        )
+        swapper = as_user(
+            attacker,
+            f'exec {SYSTEM_PYTHON} -I -S -c "$1" "$2" "$3"',
+            _SWAPPER,
+            str(wd),
+            str(victim),
+            stdout=subprocess.PIPE,
+        )
+        try:
+            # Only once the swaps are under way does the removal race them.
+            assert swapper.stdout is not None and swapper.stdout.readline() == b"swapping\n"
+            [out] = kind.remove(owner, [resource(wd, owner)], dry_run=False)
+        finally:
+            swapper.send_signal(signal.SIGKILL)
+            swapper.wait()
+            swapper.stdout.close()
+        assert digest(victim) == before, f"iteration {i}: the victim changed ({out})"
+        if wd.exists():  # refused or partly removed: the attacker won that round
+            shutil.rmtree(wd)
+
+
+def test_remove_never_raises_for_one_failure(root: Path, owner: Owner) -> None:
+    wd = marked(root / "wd")
+    (wd / "stuck").write_text("x")
+    subprocess.run(["chattr", "+i", str(wd / "stuck")], check=True)
+    try:
+        good = marked(root / "good")
+        outs = Workdirs([str(root)]).remove(
+            owner, [resource(wd, owner), resource(good, owner)], dry_run=False
+        )
+    finally:
+        subprocess.run(["chattr", "-i", str(wd / "stuck")], check=True)
+    assert not outs[0].ok and not outs[0].refused and "stuck" in outs[0].detail
+    assert outs[1].ok and not good.exists()

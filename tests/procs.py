@@ -131,8 +131,9 @@ def _main_exits_first_binary() -> str:
         with open(src, "w") as f:
             f.write(_MAIN_EXITS_FIRST_C)
         try:
-            subprocess.run(["gcc", "-O1", "-pthread", "-o", f"{path}.{os.getpid()}", src],
-                           check=True)
+            subprocess.run(
+                ["gcc", "-O1", "-pthread", "-o", f"{path}.{os.getpid()}", src], check=True
+            )
         finally:
             os.unlink(src)
         os.rename(f"{path}.{os.getpid()}", path)  # atomic: parallel test runs may race here

@@ -12,11 +12,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from agentproc import Agent, agent_argv, container, exists, wait_gone
 
 from exitwatch import mark_workdir, owner_labels
 from exitwatch.contract import LABEL_OWNER
 
+from agentproc import Agent, agent_argv, container, exists, wait_gone
 from procs import (
     exit_main_thread,
     kill,

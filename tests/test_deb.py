@@ -262,6 +262,9 @@ def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) ->
                 engine.host,
                 "--workdir-root",
                 str(root),
+                # Its own socket: an agent already running here must not make it refuse.
+                "--status-socket",
+                str(root / "status.sock"),
             ],
             env=DEBIAN_ENV,
             cwd="/",

@@ -15,10 +15,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from agentproc import Agent, agent_argv, container, exists, wait_gone
 
 from exitwatch import mark_workdir
 
+from agentproc import Agent, agent_argv, container, exists, wait_gone
 from procs import kill, spawn_owner, wait_for
 
 EXITWATCH = [sys.executable, "-m", "exitwatch"]

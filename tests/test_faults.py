@@ -1,0 +1,264 @@
+"""Faults the agent must survive: the engine killed or absent, the agent itself killed, the
+kernel dropping exit events, /proc entries vanishing mid-read, and a removal that keeps
+failing. Real agent processes, a real engine, real signals."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from exitwatch import mark_workdir, procfs
+from exitwatch.owner import death, owner_of
+from exitwatch.sources.netlink import RCVBUF_ENV
+
+from agentproc import Agent, agent_argv, container, exists, wait_gone
+from procs import fork_storm, kill, reap, spawn_owner
+
+
+@pytest.fixture
+def workroot() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="exitwatch-faults-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def agents() -> Iterator[list[Agent]]:
+    started: list[Agent] = []
+    yield started
+    for agent in started:
+        agent.stop()
+
+
+def start(agents, engine, root, tmp_path, ready=True, env=None, source="netlink") -> Agent:
+    agent = Agent(agent_argv(source, engine.host, root), tmp_path / f"agent-{len(agents)}.log", env)
+    agents.append(agent)
+    if ready:
+        agent.wait_log("ready:")
+    return agent
+
+
+def workdir(root: Path, pid: int, name: str) -> Path:
+    path = root / name
+    (path / "sub").mkdir(parents=True)
+    (path / "sub" / "data").write_bytes(b"x" * 1000)
+    mark_workdir(path, pid)
+    return path
+
+
+def dockerd_pid(engine) -> int:
+    return int((engine.dir / "dockerd.pid").read_text())
+
+
+# The engine
+
+
+def test_engine_sigkilled_mid_run_then_restarted(engine, agents, workroot, tmp_path):
+    agent = start(agents, engine, workroot, tmp_path)
+    doomed, alive = spawn_owner(), spawn_owner()
+    doomed_cid, alive_cid = container(engine, doomed.pid), container(engine, alive.pid)
+    doomed_dir = workdir(workroot, doomed.pid, "doomed")
+    try:
+        os.kill(dockerd_pid(engine), signal.SIGKILL)
+        agent.wait_log("reconnecting", "the agent to notice the engine is gone")
+        kill(doomed)
+        # Workdirs do not wait for the engine.
+        wait_gone(engine, paths=[doomed_dir])
+    finally:
+        engine.start()
+    wait_gone(engine, [doomed_cid])
+    assert exists(engine, alive_cid)
+    assert agent.alive()
+    reap(alive)
+
+
+def test_no_engine_at_start_then_it_appears(engine, agents, workroot, tmp_path):
+    doomed, alive = spawn_owner(), spawn_owner()
+    doomed_cid, alive_cid = container(engine, doomed.pid), container(engine, alive.pid)
+    engine.stop()
+    try:
+        assert not engine.socket.exists()
+        kill(doomed)
+        agent = start(agents, engine, workroot, tmp_path, ready=False)
+        agent.wait_log("reconnecting", "the agent to say the engine does not answer")
+        late = spawn_owner()
+        late_dir = workdir(workroot, late.pid, "late")
+        kill(late)
+        wait_gone(engine, paths=[late_dir])
+    finally:
+        engine.start()
+    agent.wait_log("ready:")
+    wait_gone(engine, [doomed_cid])
+    assert exists(engine, alive_cid)
+    assert agent.alive()
+    reap(alive)
+
+
+# The agent
+
+
+def test_agent_sigkilled_then_restarted_reaps_what_died_meanwhile(
+    engine, agents, workroot, tmp_path
+):
+    first = start(agents, engine, workroot, tmp_path)
+    doomed, alive = spawn_owner(), spawn_owner()
+    cid, kept_cid = container(engine, doomed.pid), container(engine, alive.pid)
+    path, kept_dir = workdir(workroot, doomed.pid, "doomed"), workdir(workroot, alive.pid, "kept")
+    first.kill()
+    kill(doomed)
+    start(agents, engine, workroot, tmp_path)
+    wait_gone(engine, [cid], [path])
+    assert exists(engine, kept_cid) and (kept_dir / "sub" / "data").exists()
+    reap(alive)
+
+
+# The kernel drops exit events
+
+
+def test_enobufs_during_a_fork_storm_misses_no_reap(engine, agents, workroot, tmp_path):
+    doomed = [spawn_owner() for _ in range(12)]
+    alive = [spawn_owner() for _ in range(2)]
+    dirs = [workdir(workroot, o.pid, f"doomed-{i}") for i, o in enumerate(doomed)]
+    kept = [workdir(workroot, o.pid, f"kept-{i}") for i, o in enumerate(alive)]
+    cid, kept_cid = container(engine, doomed[0].pid), container(engine, alive[0].pid)
+    # Everything exists before the agent starts, so "ready" means every owner is watched.
+    # The kernel raises a 1-byte buffer to its minimum: a handful of events.
+    agent = start(agents, engine, workroot, tmp_path, ready=False, env={RCVBUF_ENV: "1"})
+    agent.wait_log("ready: watching 14 owners")
+    # Stopped, the agent reads nothing: the storm fills its buffer, so every owner's exit
+    # event is dropped and only the resync can find them.
+    lost = "netlink receive buffer overflowed (ENOBUFS)); re-checking all"
+    before = agent.text().count(lost)  # the startup may overflow a buffer this small too
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        fork_storm(300)
+        for owner in doomed:
+            kill(owner)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    agent.wait_log(lost, "the resync after the storm", count=before + 1)
+    wait_gone(engine, [cid], dirs)
+    assert exists(engine, kept_cid)
+    assert all((d / "sub" / "data").exists() for d in kept)
+    for owner in alive:
+        reap(owner)
+
+
+# /proc entries vanish mid-read
+
+
+@pytest.fixture
+def vanishing_open(monkeypatch: pytest.MonkeyPatch):
+    """Make procfs's next open() end the given process after opening its file: the read
+    that follows meets a process that is gone, as it would in a real race."""
+
+    def arm(child) -> None:
+        def open_then_vanish(*args, **kwargs):
+            f = builtins.open(*args, **kwargs)  # noqa: SIM115 - the caller closes it
+            monkeypatch.delattr(procfs, "open")
+            kill(child)
+            return f
+
+        monkeypatch.setattr(procfs, "open", open_then_vanish, raising=False)
+
+    return arm
+
+
+def test_stat_of_a_process_that_vanishes_between_open_and_read(vanishing_open):
+    child = spawn_owner()
+    owner = owner_of(child.pid)
+    vanishing_open(child)
+    with pytest.raises(ProcessLookupError):
+        procfs.read_stat(child.pid)
+    assert death(owner) == "process gone"
+
+
+def test_owner_death_vanishing_mid_read_is_dead_not_an_error(vanishing_open):
+    child = spawn_owner()
+    owner = owner_of(child.pid)
+    vanishing_open(child)
+    assert death(owner) == "process gone"
+
+
+_THREADS_THEN_EXIT = (
+    "import threading, os\n"
+    "ts = [threading.Thread(target=os.getpid) for _ in range(8)]\n"
+    "[t.start() for t in ts]\n"
+    "os._exit(0)\n"
+)
+
+
+def test_readers_racing_exiting_processes_raise_only_process_lookup():
+    """Processes with threads exit while every reader runs against them, in a loop."""
+    unexpected: list[BaseException] = []
+    for _ in range(60):
+        child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _THREADS_THEN_EXIT])
+        owner = owner_of(child.pid)  # taken at fork, before any exit
+        while True:
+            try:
+                for tid in procfs.thread_ids(child.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        procfs.read_stat(child.pid, tid=tid)
+                procfs.read_stat(child.pid)
+            except ProcessLookupError:
+                pass
+            except Exception as err:  # anything else is a reader bug
+                unexpected.append(err)
+                break
+            if death(owner) is not None:
+                break
+        child.wait()
+        assert death(owner) == "process gone"
+    assert not unexpected, unexpected
+
+
+# A removal that keeps failing
+
+
+def _stamps(text: str, needle: str) -> list[datetime]:
+    return [
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for line in text.splitlines()
+        if needle in line
+    ]
+
+
+def test_a_removal_that_keeps_failing_is_retried_bounded_and_blocks_nothing(
+    engine, agents, workroot, tmp_path
+):
+    agent = start(agents, engine, workroot, tmp_path)
+    stuck_owner, other = spawn_owner(), spawn_owner()
+    stuck = workdir(workroot, stuck_owner.pid, "stuck")
+    immutable = stuck / "sub" / "data"
+    other_dir = workdir(workroot, other.pid, "other")
+    other_cid = container(engine, other.pid)
+    subprocess.run(["chattr", "+i", str(immutable)], check=True)
+    try:
+        failed = f"failed workdir {stuck} "
+        kill(stuck_owner)
+        agent.wait_log(failed, "the first failed removal")
+        # While the stuck one waits for its retries, another owner's death is reaped.
+        kill(other)
+        wait_gone(engine, [other_cid], [other_dir])
+        agent.wait_log(failed, "the third attempt", count=3)
+        text = agent.text()
+    finally:
+        subprocess.run(["chattr", "-i", str(immutable)], check=True)
+    assert "data" in next(line for line in text.splitlines() if failed in line)
+    first, second, third = _stamps(text, failed)[:3]
+    # The backoff is 0.5 s, then 2 s; a log stamp is to the millisecond.
+    assert (second - first).total_seconds() >= 0.499
+    assert (third - second).total_seconds() >= 1.999
+    assert immutable.exists() and (stuck / ".exitwatch-owner").exists()
+    assert agent.alive()

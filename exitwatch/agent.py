@@ -22,6 +22,7 @@ from exitwatch.sources.base import Exit, Lost, Source
 log = logging.getLogger(__name__)
 
 ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
+LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class Agent:
         self._retries: list[tuple[float, int, _Job]] = []
         self._tiebreak = itertools.count()
         self._awaiting_snapshot = set(self.kinds)
+        self._lost_logged = float("-inf")
+        self._lost_unlogged = 0
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -174,9 +177,7 @@ class Agent:
                 self._on_exit(item)
             case Lost(reason=reason):
                 self.recorder.count("resyncs")
-                log.warning(
-                    "exit hints lost (%s); re-checking all %d owners", reason, len(self.index)
-                )
+                self._log_lost(reason)
                 for owner in self.index.owners():
                     self._confirm(owner, time.monotonic())
             case Found(resource=res):
@@ -201,11 +202,8 @@ class Agent:
                         log.info("ready: watching %d owners", len(self.index))
             case _Done(token=token, job=job, failed=failed):
                 del self._running[token]
-                if failed and job.attempt < self.config.reap_attempts:
-                    delay = 0.5 * 4 ** (job.attempt - 1)
-                    due = time.monotonic() + delay
-                    retry = replace(job, attempt=job.attempt + 1)
-                    heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
+                if failed:
+                    self._retry(job)
             case _Ask(fn=fn, answer=answer):
                 try:
                     answer.set_result(fn())
@@ -213,6 +211,32 @@ class Agent:
                     answer.set_exception(err)
 
     # -- confirm --------------------------------------------------------------------------
+
+    def _retry(self, job: _Job) -> None:
+        if job.attempt < self.config.reap_attempts:
+            due = time.monotonic() + 0.5 * 4 ** (job.attempt - 1)
+            retry = replace(job, attempt=job.attempt + 1)
+            heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
+            return
+        self.recorder.count("gave_up")
+        log.error(
+            "giving up on the %ss of %s after %d attempts; the next start or "
+            "`exitwatch reap` tries again",
+            job.kind.kind,
+            job.owner,
+            job.attempt,
+        )
+
+    def _log_lost(self, reason: str) -> None:
+        now = time.monotonic()
+        if now - self._lost_logged < LOST_LOG_EVERY:
+            self._lost_unlogged += 1
+            return
+        more = f", and {self._lost_unlogged} more times since" if self._lost_unlogged else ""
+        log.warning(
+            "exit hints lost (%s%s); re-checking all %d owners", reason, more, len(self.index)
+        )
+        self._lost_logged, self._lost_unlogged = now, 0
 
     def _on_exit(self, hint: Exit) -> None:
         for owner in list(self.index.owners_of_pid(hint.pid)):
@@ -276,7 +300,9 @@ class Agent:
         return [self.index.describe(owner) for owner in sorted(self.index.owners())]
 
     def counters(self) -> dict[str, int]:
-        counters = {"exit_hints": 0, "resyncs": 0, "removal_errors": 0, "refusals": 0}
+        counters = dict.fromkeys(
+            ("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"), 0
+        )
         counters.update(self.recorder.counters())
         counters["exits_seen"] = self.source.events_seen if self.source else 0
         counters["events_lost"] = self.source.lost if self.source else 0

@@ -6,6 +6,16 @@ import json
 import logging
 import sys
 
+# Paths in messages come from users (a workdir may be named "x\nINFO reaped ..."): a text
+# line must stay one line, so control characters are shown escaped.
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)} | {0x0A: "\\n", 0x09: "\\t"}
+
+
+class TextFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_ESCAPES)
+        return super().formatMessage(record)
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line; a record's `fields` (e.g. a removal's) become keys."""
@@ -28,7 +38,7 @@ def setup(fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)

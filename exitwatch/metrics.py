@@ -25,6 +25,7 @@ COUNTERS = {
     "exitwatch_events_lost_total": ("Times the kernel dropped exit events.", "events_lost"),
     "exitwatch_resyncs_total": ("Re-checks of every owner after lost hints.", "resyncs"),
     "exitwatch_removal_errors_total": ("Removals that failed.", "removal_errors"),
+    "exitwatch_removals_given_up_total": ("Removals abandoned after every attempt.", "gave_up"),
     "exitwatch_refusals_total": ("Resources a safety check left alone.", "refusals"),
     "exitwatch_engine_reconnects_total": ("Docker events stream reconnects.", "reconnects"),
 }

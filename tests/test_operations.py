@@ -3,6 +3,7 @@ notifications, JSON logs. Real agent processes against the real engine and kerne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -316,3 +317,32 @@ def test_engine_restart_shows_in_status_and_catches_up(engine, run_agent):
     doc = json.loads(status(agent, "--json").stdout)
     assert doc["docker"]["connected"] and doc["docker"]["reconnects"] >= 1
     assert agent.alive()
+
+
+def test_status_socket_ignores_what_clients_send_and_survives_ones_that_never_read(
+    engine, run_agent, root
+):
+    agent = run_agent()
+    path = flag(agent, "--status-socket")
+    assert oct(os.stat(path).st_mode & 0o777) == "0o660"
+    hostile = []
+    for _ in range(20):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):  # never read, let alone obeyed
+            s.send(b'{"reap": "everything"}\n' * 100)
+        hostile.append(s)  # and none of them ever reads its answer
+    try:
+        owner = spawn_owner()
+        alive = spawn_owner()
+        cid, kept = container(engine, owner.pid), container(engine, alive.pid)
+        kill(owner)
+        wait_gone(engine, [cid])
+        assert exists(engine, kept)
+        doc = json.loads(status(agent, "--json").stdout)
+        assert doc["counters"]["reaped_container"] == 1
+    finally:
+        for s in hostile:
+            s.close()
+    kill(alive)

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
+RESYNC_DELAY = 0.1
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class Agent:
         self._awaiting_snapshot = set(self.kinds)
         self._lost_logged = float("-inf")
         self._lost_unlogged = 0
+        self._resync_since: float | None = None  # hints were lost; re-check once caught up
+        self._removing: set[tuple[str, str]] = set()  # (kind, key) of every job under way
+        self._stopped = False
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -109,7 +113,10 @@ class Agent:
         self._queue.put(_STOP)
 
     def ask(self, fn: Callable[[], object]) -> object:
-        """fn() computed on the loop thread. Raises TimeoutError if the loop is busy."""
+        """fn() computed on the loop thread. Raises TimeoutError if the loop is busy or
+        has stopped."""
+        if self._stopped:
+            raise TimeoutError("the agent has stopped")
         answer: Future = Future()
         self._queue.put(_Ask(fn, answer))
         return answer.result(ASK_TIMEOUT)
@@ -127,11 +134,23 @@ class Agent:
             while self._step():
                 pass
         finally:
+            self._stopped = True
+            self._refuse_questions()
             for kind in self.kinds.values():
                 kind.stop()
             if self.source is not None:
                 self.source.stop()
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _refuse_questions(self) -> None:
+        """Answer what is still queued for the loop, so no asker waits out its timeout."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Ask):
+                item.answer.set_exception(TimeoutError("the agent has stopped"))
 
     def drain(self, timeout: float) -> int:
         """Wait up to `timeout` for removals under way; how many were still running.
@@ -155,6 +174,8 @@ class Agent:
         if self._retries:
             due = max(0.0, self._retries[0][0] - now)
             timeout = due if timeout is None else min(timeout, due)
+        if self._resync_since is not None:
+            timeout = 0
         try:
             item = self._queue.get(timeout=timeout)
         except queue.Empty:
@@ -167,7 +188,19 @@ class Agent:
         if item is _STOP:
             return False
         if item is not None:
-            self._handle(item)
+            try:
+                self._handle(item)
+            except Exception:  # one bad item must not end the loop and every retry with it
+                log.exception("handling %s failed", type(item).__name__)
+        # A storm can overflow the buffer many times a second: re-check once, when the
+        # queue is drained or at most RESYNC_DELAY after the first loss.
+        if self._resync_since is not None and (
+            item is None or now - self._resync_since >= RESYNC_DELAY
+        ):
+            self._resync_since = None
+            self.recorder.count("resyncs")
+            for owner in self.index.owners():
+                self._confirm(owner, now)
         return True
 
     def _handle(self, item: object) -> None:
@@ -176,10 +209,9 @@ class Agent:
                 self.recorder.count("exit_hints")
                 self._on_exit(item)
             case Lost(reason=reason):
-                self.recorder.count("resyncs")
                 self._log_lost(reason)
-                for owner in self.index.owners():
-                    self._confirm(owner, time.monotonic())
+                if self._resync_since is None:
+                    self._resync_since = time.monotonic()
             case Found(resource=res):
                 new, displaced = self.index.add(res)
                 if displaced is not None:
@@ -202,8 +234,8 @@ class Agent:
                         log.info("ready: watching %d owners", len(self.index))
             case _Done(token=token, job=job, failed=failed):
                 del self._running[token]
-                if failed:
-                    self._retry(job)
+                if not (failed and self._retry(job)):
+                    self._removing.difference_update((r.kind, r.key) for r in job.resources)
             case _Ask(fn=fn, answer=answer):
                 try:
                     answer.set_result(fn())
@@ -212,12 +244,13 @@ class Agent:
 
     # -- confirm --------------------------------------------------------------------------
 
-    def _retry(self, job: _Job) -> None:
+    def _retry(self, job: _Job) -> bool:
+        """Schedule the job's next attempt; False once it has had them all."""
         if job.attempt < self.config.reap_attempts:
             due = time.monotonic() + 0.5 * 4 ** (job.attempt - 1)
             retry = replace(job, attempt=job.attempt + 1)
             heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
-            return
+            return True
         self.recorder.count("gave_up")
         log.error(
             "giving up on the %ss of %s after %d attempts; the next start or "
@@ -226,6 +259,7 @@ class Agent:
             job.owner,
             job.attempt,
         )
+        return False
 
     def _log_lost(self, reason: str) -> None:
         now = time.monotonic()
@@ -266,6 +300,10 @@ class Agent:
         self._unwatch(owner)
         by_kind: dict[str, list[Resource]] = {}
         for res in resources:
+            # Seen again (a fresh listing) while its removal is under way: one job is enough.
+            if (res.kind, res.key) in self._removing:
+                continue
+            self._removing.add((res.kind, res.key))
             by_kind.setdefault(res.kind, []).append(res)
         for kind, held in by_kind.items():
             self._start(_Job(owner, self.kinds[kind], tuple(held), how, at))

@@ -15,9 +15,10 @@ from datetime import datetime
 
 import click
 
-from exitwatch import __version__, logs
+from exitwatch import __version__, logs, procfs
 from exitwatch.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
 from exitwatch.contract import ENV_OWNER, mark_workdir, owner_labels
+from exitwatch.owner import OwnerError
 
 log = logging.getLogger("exitwatch")
 
@@ -81,10 +82,23 @@ def _config(config_path: str | None, **flags: object) -> Config:
     return config
 
 
+def _checked(make: Callable[[Config], list], config: Config) -> list:
+    try:
+        return make(config)
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+
+
 def _require_root(command: str) -> None:
     if os.geteuid() != 0:
         raise click.ClickException(
             f"{command} must run as root: it removes other users' containers and workdirs"
+        )
+    foreign = procfs.foreign_namespace("pid", "time")
+    if foreign is not None:
+        raise click.ClickException(
+            f"{command} must run in the host's {foreign} namespace: it judges owners by "
+            "their host pids and start times"
         )
 
 
@@ -150,11 +164,12 @@ def agent(config_path: str | None, **flags: object) -> None:
     while True:
         try:
             abandoned = service.run(STOP_DEADLINE)
-        except (SourceError, StatusError, MetricsError) as err:
+        except (ConfigError, SourceError, StatusError, MetricsError) as err:
             raise click.ClickException(str(err)) from None
         if stopping.is_set() or not reload.is_set():
             break
         reload.clear()
+        service.rearm()  # a SIGTERM or SIGHUP from here on stops the next run at once
         try:
             service.config = _config(config_path, **flags)
             log.info("config reloaded: %s", service.config.describe())
@@ -182,7 +197,7 @@ def reap(config_path: str | None, **flags: object) -> None:
     from exitwatch.resources.docker import EngineError
     from exitwatch.service import make_kinds
 
-    kinds = make_kinds(config)
+    kinds = _checked(make_kinds, config)
     problem = kinds[0].ping()
     if problem is not None:
         raise click.ClickException(problem)
@@ -233,7 +248,7 @@ def _scan(config: Config) -> dict:
     from exitwatch.service import make_kinds
 
     index = Index()
-    kinds = make_kinds(config)
+    kinds = _checked(make_kinds, config)
     docker = {"endpoint": kinds[0].host, "connected": True}
     for kind in kinds:
         try:
@@ -281,6 +296,8 @@ def labels(pid: int | None, fmt: str) -> None:
         labels = owner_labels(pid)
     except ProcessLookupError:
         raise click.ClickException(f"no process with pid {pid}") from None
+    except OwnerError as err:
+        raise click.ClickException(str(err)) from None
     if fmt == "json":
         click.echo(json.dumps(labels))
     elif fmt == "env":
@@ -299,6 +316,8 @@ def mark(directory: str, pid: int | None) -> None:
         mark_workdir(directory, pid)
     except ProcessLookupError:
         raise click.ClickException(f"no process with pid {pid}") from None
+    except OwnerError as err:
+        raise click.ClickException(str(err)) from None
     except OSError as err:
         raise click.ClickException(f"cannot mark {directory}: {err.strerror}") from None
 

@@ -63,6 +63,10 @@ class Config:
             "workdir_depth": (1 <= self.workdir_depth <= 16, "an integer in 1..16"),
             "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
             "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
+            "docker_host": (
+                self.docker_host is None or self.docker_host.startswith("unix://"),
+                "a local engine's unix:// socket (owners are processes of this host)",
+            ),
             "status_socket": (self.status_socket.startswith("/"), "an absolute path"),
             "audit_log": (
                 self.audit_log == "" or self.audit_log.startswith("/"),

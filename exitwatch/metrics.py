@@ -7,6 +7,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
@@ -41,11 +42,18 @@ class MetricsError(Exception):
 
 
 class _Quiet(WSGIRequestHandler):
+    timeout = 2  # a client that sends nothing holds a thread this long, no more
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 
 
-class _Server6(WSGIServer):
+class _Server(ThreadingMixIn, WSGIServer):
+    # A thread per scrape, so an idle client blocks neither scrapes nor shutdown.
+    daemon_threads = True
+
+
+class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
@@ -63,7 +71,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_StateCollector(state))
-        server_class = _Server6 if ":" in host else WSGIServer
+        server_class = _Server6 if ":" in host else _Server
         try:
             self._server = make_server(
                 host, port, make_wsgi_app(self.registry), server_class, _Quiet

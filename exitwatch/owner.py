@@ -57,8 +57,16 @@ def current_boot_id() -> str:
 def owner_of(pid: int | None = None) -> Owner:
     """The owner identity of a live process (default: the calling one).
 
-    Raises ProcessLookupError if there is no such process.
+    Raises ProcessLookupError if there is no such process, and OwnerError where this
+    process's pids or start times are not the host's, since the agent judges owners by
+    those.
     """
+    foreign = procfs.foreign_namespace("pid", "time")
+    if foreign is not None:
+        raise OwnerError(
+            f"not in the host's {foreign} namespace: pids and start times seen here "
+            "would name other processes to the agent (name owners from the host)"
+        )
     pid = os.getpid() if pid is None else pid
     return Owner(current_boot_id(), pid, procfs.read_stat(pid).starttime)
 

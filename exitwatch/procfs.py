@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 
 PROC = "/proc"
+# Inode numbers of the initial namespaces (PROC_PID_INIT_INO and its siblings).
+HOST_NAMESPACES = {"pid": 0xEFFFFFFC, "user": 0xEFFFFFFD, "time": 0xEFFFFFFA}
 
 
 @dataclass(frozen=True)
@@ -69,3 +71,16 @@ def thread_ids(pid: int, proc: str = PROC) -> list[int]:
         return [int(tid) for tid in os.listdir(f"{proc}/{pid}/task")]
     except (FileNotFoundError, ProcessLookupError) as err:
         raise ProcessLookupError(pid) from err
+
+
+def foreign_namespace(*names: str, proc: str = PROC) -> str | None:
+    """The first of `names` ("pid", "user", "time") in which this process is not in the
+    host's namespace, or None. A kernel without a kind of namespace counts as the host's."""
+    for name in names:
+        try:
+            inode = os.stat(f"{proc}/self/ns/{name}").st_ino
+        except FileNotFoundError:
+            continue
+        if inode != HOST_NAMESPACES[name]:
+            return name
+    return None

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from exitwatch import __version__
 from exitwatch.agent import Agent
 from exitwatch.audit import AuditLog
-from exitwatch.config import Config
+from exitwatch.config import Config, ConfigError
 from exitwatch.record import Recorder
 from exitwatch.resources.base import ResourceKind
 from exitwatch.resources.docker import Containers
@@ -25,11 +25,18 @@ log = logging.getLogger(__name__)
 
 
 def make_kinds(config: Config) -> list[ResourceKind]:
-    """The resource kinds, containers first."""
-    return [
-        Containers(config.docker_host),
-        Workdirs(config.workdir_roots, config.workdir_depth),
-    ]
+    """The resource kinds, containers first.
+
+    Raises ConfigError for an engine that is not a local socket (DOCKER_HOST may name
+    one): owners of another host carry another boot id, which reads as "rebooted".
+    """
+    containers = Containers(config.docker_host)
+    if not containers.host.startswith("unix://"):
+        raise ConfigError(
+            "docker_host: expected a local engine's unix:// socket (owners are processes of "
+            f"this host), got {containers.host!r}"
+        )
+    return [containers, Workdirs(config.workdir_roots, config.workdir_depth)]
 
 
 class Service:
@@ -48,11 +55,15 @@ class Service:
         if self._agent is not None:
             self._agent.stop()
 
+    def rearm(self) -> None:
+        """Forget a stop that has been handled, before run() is called again (a reload).
+        A stop() after this makes the next run() return at once."""
+        self._stop_requested.clear()
+
     def run(self, deadline: float) -> int:
         """Run until stop(); how many removals under way were abandoned at the deadline
         (counted from stop())."""
         config = self.config
-        self._stop_requested.clear()
         source, why = pick(
             config.source,
             poll_interval=config.poll_interval,
@@ -98,6 +109,10 @@ class Service:
             self.notifier.send(f"READY=1\nSTATUS=following exits with {source.name}")
             agent.run()
             self.notifier.send("STOPPING=1")
+            # No one is served while the removals under way finish: they get the time.
+            for close in reversed(closers):
+                close()
+            closers.clear()
             left = max(0.0, deadline - (time.monotonic() - self._stop_at))
             abandoned = agent.drain(left)
             if abandoned:

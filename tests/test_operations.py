@@ -143,6 +143,7 @@ def test_status_with_no_agent_scans_read_only_and_exits_3(engine, root, tmp_path
         ("workdir_depth = 0\n", "workdir_depth: expected an integer in 1..16, got 0"),
         ('workdir_roots = "/tmp"\n', "workdir_roots: expected a list of strings"),
         ('metrics_addr = "localhost"\n', "metrics_addr: expected HOST:PORT"),
+        ('docker_host = "tcp://10.0.0.5:2375"\n', "docker_host: expected a local engine's unix://"),
         ("dry_run = [\n", "not valid TOML"),
     ],
 )
@@ -346,3 +347,33 @@ def test_status_socket_ignores_what_clients_send_and_survives_ones_that_never_re
         for s in hostile:
             s.close()
     kill(alive)
+
+
+def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
+    env = os.environ | {"DOCKER_HOST": "tcp://10.0.0.5:2375"}
+    done = exitwatch("reap", "--workdir-root", str(tmp_path), env=env)
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        "Error: docker_host: expected a local engine's unix:// socket (owners are processes "
+        "of this host), got 'tcp://10.0.0.5:2375'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["labels"], "Error: not in the host's pid namespace"),
+        (["mark", "/tmp"], "Error: not in the host's pid namespace"),
+        (["agent"], "Error: exitwatch agent must run in the host's pid namespace"),
+        (["reap"], "Error: exitwatch reap must run in the host's pid namespace"),
+    ],
+)
+def test_nothing_is_named_or_judged_from_another_pid_namespace(argv, expected):
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", *EXITWATCH, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert done.stderr.startswith(expected), done.stderr

@@ -38,7 +38,6 @@ DEFAULT_RING_BYTES = 1 << 18
 _EVENT = struct.Struct("=IIQ")  # struct event in exitwatch.bpf.c: tgid, status, start ns
 _NSEC_PER_SEC = 1_000_000_000
 _PF_EXITING = 0x4  # include/linux/sched.h
-_INIT_PID_NS = 0xEFFFFFFC  # PROC_PID_INIT_INO: the initial pid namespace's inode
 # The program runs in do_exit() before the group turns zombie, so /proc may still call
 # it alive for a moment. Such a hint is held and re-checked, quickly at first.
 _FIRST_RECHECK = 0.001
@@ -112,7 +111,7 @@ class EbpfSource(Source):
     def _load(self) -> None:
         if os.geteuid() != 0:
             raise SourceError(f"not root (euid {os.geteuid()})")
-        if os.stat(f"{procfs.PROC}/self/ns/pid").st_ino != _INIT_PID_NS:
+        if procfs.foreign_namespace("pid"):
             # The program reports host pids; /proc here would name other processes.
             raise SourceError("not in the host's pid namespace")
         if not os.path.exists(BTF_PATH):

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Container
 
+from exitwatch import procfs
 from exitwatch.owner import Owner
 from exitwatch.sources.base import Emit, Exit, Lost, Source, SourceError
 
@@ -34,10 +35,6 @@ PROC_EVENT_EXIT = 0x80000000
 # asm-generic value; 32 is SO_SNDBUFFORCE. The socket module does not export either.
 SO_RCVBUFFORCE = 33
 CAP_NET_ADMIN = 12
-# Inode numbers of the initial namespaces (PROC_PID_INIT_INO, PROC_USER_INIT_INO). The
-# kernel ignores subscriptions from other namespaces without a word, and reports host pids.
-INIT_PID_NS = 0xEFFFFFFC
-INIT_USER_NS = 0xEFFFFFFD
 
 DEFAULT_RCVBUF = 16 * 1024 * 1024
 # Tests force a tiny buffer on an agent process to provoke ENOBUFS and its resync.
@@ -120,15 +117,15 @@ def problem() -> str | None:
             for line in f:
                 if line.startswith("CapEff:"):
                     caps = int(line.split()[1], 16)
-        pid_ns = os.stat("/proc/self/ns/pid").st_ino
-        user_ns = os.stat("/proc/self/ns/user").st_ino
+        # The kernel ignores subscriptions from other namespaces without a word.
+        foreign = procfs.foreign_namespace("pid", "user")
     except (OSError, ValueError) as err:
         return f"cannot read this process's capabilities and namespaces from /proc: {err}"
     if not caps >> CAP_NET_ADMIN & 1:
         return "no CAP_NET_ADMIN in the effective capability set"
-    if pid_ns != INIT_PID_NS:
+    if foreign == "pid":
         return "not in the host's pid namespace (the proc connector reports host pids only)"
-    if user_ns != INIT_USER_NS:
+    if foreign == "user":
         return "not in the host's user namespace"
     return None
 

@@ -1,0 +1,123 @@
+"""The agent's loop on its own, with a fake kind: retries, re-admission during a removal,
+coalesced resyncs, a bad item. The owners are real: this process (alive) and this
+process's pid with another start time (a reused pid: dead)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from exitwatch.agent import Agent
+from exitwatch.config import Config
+from exitwatch.resources.base import Found, Outcome, ResourceKind, Snapshot
+from exitwatch.resources.base import Resource as Res
+from exitwatch.sources.base import Lost
+
+from procs import reused_pid_owner, wait_for
+
+DEAD = reused_pid_owner()
+
+
+class Things(ResourceKind):
+    kind = "thing"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls: list[list[str]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def scan(self) -> Snapshot:
+        return Snapshot(self.kind, ())
+
+    def start(self, notify) -> None:
+        notify(self.scan())
+
+    def stop(self) -> None:
+        pass
+
+    def remove(self, owner, resources, dry_run) -> list[Outcome]:
+        self.calls.append([r.key for r in resources])
+        self.release.wait(10)
+        return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
+
+
+@pytest.fixture
+def running():
+    started: list[tuple[Agent, threading.Thread]] = []
+
+    def start(kind: Things, **config) -> Agent:
+        agent = Agent(Config(**config), [kind])
+        thread = threading.Thread(target=agent.run)
+        thread.start()
+        started.append((agent, thread))
+        return agent
+
+    yield start
+    for agent, thread in started:
+        agent.stop()
+        thread.join(10)
+        agent.drain(10)
+
+
+def thing(key: str) -> Res:
+    return Res("thing", key, DEAD, key)
+
+
+def test_a_resource_seen_again_while_it_is_being_removed_gets_no_second_job(running):
+    kind = Things()
+    kind.release.clear()
+    agent = running(kind)
+    agent.submit(Found(thing("a")))
+    wait_for(lambda: kind.calls, what="the removal to start")
+    agent.submit(Snapshot("thing", (thing("a"), thing("b"))))  # a fresh listing
+    wait_for(lambda: len(kind.calls) == 2, what="the new resource's removal")
+    kind.release.set()
+    wait_for(lambda: agent.ask(agent.pending) == [], what="both removals to end")
+    assert kind.calls == [["a"], ["b"]]
+
+
+def test_a_failing_removal_is_retried_then_given_up_and_counted(running):
+    kind = Things(fail=True)
+    agent = running(kind, reap_attempts=2)
+    agent.submit(Found(thing("stuck")))
+    wait_for(lambda: agent.counters()["gave_up"] == 1, what="the agent to give up")
+    assert kind.calls == [["stuck"], ["stuck"]]
+    assert agent.counters()["removal_errors"] == 2
+    # Given up, it is no longer "under way": a later listing that shows it starts again.
+    agent.submit(Found(thing("stuck")))
+    wait_for(lambda: len(kind.calls) == 3, what="a new job for it")
+
+
+def test_lost_hints_are_coalesced_into_few_resyncs(running):
+    agent = Agent(Config(), [Things()])
+    for _ in range(200):
+        agent.submit(Lost("test"))
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        wait_for(lambda: agent.counters()["resyncs"] >= 1, what="a resync")
+        assert agent.ask(lambda: agent.counters()["resyncs"]) < 200
+    finally:
+        agent.stop()
+        thread.join(10)
+
+
+def test_a_bad_item_is_logged_and_the_loop_goes_on(running, caplog):
+    kind = Things()
+    agent = running(kind)
+    agent.submit(Found(Res("bogus", "x", DEAD, "x")))  # a kind the agent does not have
+    agent.submit(Found(thing("fine")))
+    wait_for(lambda: kind.calls == [["fine"]], what="the next item handled")
+    assert any("handling Found failed" in r.getMessage() for r in caplog.records)
+
+
+def test_questions_after_the_loop_stopped_fail_at_once():
+    agent = Agent(Config(), [Things()])
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    agent.stop()
+    thread.join(10)
+    with pytest.raises(TimeoutError, match="stopped"):
+        agent.ask(agent.pending)

@@ -119,7 +119,7 @@ def test_zombie_owner_is_reaped(engine, start_agent, workroot, source):
 def test_owner_whose_main_thread_exits_first_is_reaped_at_its_last_thread(
     engine, start_agent, workroot, source
 ):
-    start_agent(source)
+    agent = start_agent(source)
     owner = spawn_main_thread_exits_first()
     cid = container(engine, owner.pid)
     path = workdir(workroot, owner.pid)
@@ -139,6 +139,8 @@ def test_owner_whose_main_thread_exits_first_is_reaped_at_its_last_thread(
     wait_gone(engine, [marker_cid])
     assert exists(engine, cid)
     assert path.exists()
+    # Nor is a removal of it under way: the agent never judged it dead.
+    assert str(owner.owner) not in agent.text()
     release(owner)
     wait_gone(engine, [cid], [path])
     reap(owner)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -49,6 +50,7 @@ def agent_argv(
 
 class Agent:
     def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.argv = argv
         self.log = log
         self.proc = subprocess.Popen(
             argv,
@@ -61,6 +63,20 @@ class Agent:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def flag(self, name: str) -> str:
+        """The value this agent was given for option `name`."""
+        return self.argv[self.argv.index(name) + 1]
+
+    def status(self) -> dict:
+        """What `exitwatch status --json` says of this agent."""
+        done = subprocess.run(
+            [*self.argv[:3], "status", "--status-socket", self.flag("--status-socket"), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return json.loads(done.stdout)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

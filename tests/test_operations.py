@@ -40,7 +40,6 @@ def run_agent(engine, root, tmp_path):
     def start(*extra: str, env: dict[str, str] | None = None, ready: bool = True) -> Agent:
         argv = agent_argv("netlink", engine.host, root / "work", extra=extra)
         agent = Agent(argv, tmp_path / f"agent-{len(started)}.log", env=env)
-        agent.argv = argv
         started.append(agent)
         if ready:
             agent.wait_log("ready:")
@@ -51,16 +50,12 @@ def run_agent(engine, root, tmp_path):
         agent.stop()
 
 
-def flag(agent: Agent, name: str) -> str:
-    return agent.argv[agent.argv.index(name) + 1]
-
-
 def exitwatch(*args: str, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*EXITWATCH, *args], capture_output=True, text=True, timeout=60, **kw)
 
 
 def status(agent: Agent, *args: str) -> subprocess.CompletedProcess[str]:
-    return exitwatch("status", "--status-socket", flag(agent, "--status-socket"), *args)
+    return exitwatch("status", "--status-socket", agent.flag("--status-socket"), *args)
 
 
 def workdir(root: Path, pid: int, name: str) -> Path:
@@ -178,7 +173,7 @@ def test_flags_override_the_config_file(engine, run_agent, tmp_path):
 
 def test_audit_log_records_removals_and_refusals(engine, run_agent, root):
     agent = run_agent()
-    audit = Path(flag(agent, "--audit-log"))
+    audit = Path(agent.flag("--audit-log"))
     owner = spawn_owner()
     cid = container(engine, owner.pid)
     path = workdir(root, owner.pid, "removed")
@@ -249,7 +244,7 @@ def test_metrics_after_a_reap(engine, run_agent, root):
 
 def test_sigterm_stops_within_two_seconds_and_removes_the_socket(run_agent):
     agent = run_agent()
-    sock = Path(flag(agent, "--status-socket"))
+    sock = Path(agent.flag("--status-socket"))
     assert sock.exists()
     agent.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: agent.proc.poll() is not None, timeout=2.0, what="the agent to exit")
@@ -324,7 +319,7 @@ def test_status_socket_ignores_what_clients_send_and_survives_ones_that_never_re
     engine, run_agent, root
 ):
     agent = run_agent()
-    path = flag(agent, "--status-socket")
+    path = agent.flag("--status-socket")
     assert oct(os.stat(path).st_mode & 0o777) == "0o660"
     hostile = []
     for _ in range(20):

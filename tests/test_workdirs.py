@@ -30,7 +30,9 @@ from exitwatch.resources import fsops
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
 from exitwatch.resources.workdirs import Workdirs
 
-from procs import wait_for
+from procs import reused_pid_owner, wait_for
+
+DEAD = reused_pid_owner()
 
 ATTACKER = "exitwatch-test"
 # The attacker cannot run pyenv's interpreter under /root; Debian's is world-readable.
@@ -134,14 +136,21 @@ def _no_fd_leak() -> Iterator[None]:
 
 @pytest.fixture
 def owner() -> Owner:
-    return owner_of()
+    # Removal checks that the owner is dead; this pid with another start time is.
+    return DEAD
+
+
+def write_marker(path: Path, owner: Owner) -> None:
+    tmp = path / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps({"owner": str(owner)}))
+    tmp.rename(path / MARKER)
 
 
 def marked(path: Path, body: bytes | None = None) -> Path:
-    """Create directory `path` with a marker naming this process (or holding `body`)."""
+    """Create directory `path` with a marker naming a dead owner (or holding `body`)."""
     path.mkdir(parents=True, exist_ok=True)
     if body is None:
-        mark_workdir(path)
+        write_marker(path, DEAD)
     else:
         (path / MARKER).write_bytes(body)
     return path
@@ -257,6 +266,22 @@ def test_scan_warns_on_an_unreadable_marker(
     )
 
 
+def test_log_lines_show_control_characters_in_paths_escaped(
+    root: Path, owner: Owner, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A user names the directory; a raw newline would forge a log line of its own.
+    evil = marked(root / "x\nWARNING exitwatch: reaped \x1b[2J", b"{")
+    kind = Workdirs([str(root)])
+    assert keys(kind.scan()) == set()
+    [out] = kind.remove(owner, [resource(evil, owner)], dry_run=False)
+    assert out.refused and out.what == f"workdir {str(evil)!r}"
+
+    scanned, removed = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert repr(str(evil / MARKER)) in scanned and "not JSON" in scanned
+    assert repr(str(evil)) in removed and "refused" in removed
+    assert scanned.isprintable() and removed.isprintable()
+
+
 def test_a_missing_root_is_a_warning(root: Path, caplog: pytest.LogCaptureFixture) -> None:
     present = marked(root / "here")
     missing = root / "no-such-root"
@@ -354,6 +379,67 @@ def test_start_follows_a_directory_whose_marker_goes_and_comes(
     mark_workdir(outer)
     changes.wait(found(outer), "the outer workdir again")
     changes.wait(gone(inner), "the inner workdir to go")
+
+
+def test_start_reads_a_marker_written_in_place_once_it_is_closed(
+    root: Path,
+    owner: Owner,
+    running: Callable[[Workdirs], Changes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wd = root / "wd"
+    wd.mkdir()
+    changes = running(Workdirs([str(root)]))
+    changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+
+    body = json.dumps({"owner": str(owner)}).encode()
+    fd = os.open(wd / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, body[:5])
+        # Events are handled in order: once the probe is found, so was the half-written
+        # marker's IN_CREATE.
+        probe = marked(root / "probe")
+        changes.wait(found(probe), "the probe workdir")
+        os.write(fd, body[5:])
+    finally:
+        os.close(fd)
+
+    changes.wait(found(wd), "the workdir marked in place")
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("how", ["symlink", "fifo", "directory", "hard link"])
+def test_start_sees_a_marker_made_in_place_without_a_rescan(
+    root: Path, running: Callable[[Workdirs], Changes], caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    good = marked(root / "good")
+    wd = root / "wd"
+    wd.mkdir()
+    changes = running(Workdirs([str(root)]))
+    changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+
+    # Each raises IN_CREATE alone: no rename, no close after writing.
+    if how == "symlink":
+        os.symlink(good / MARKER, wd / MARKER)
+    elif how == "fifo":
+        os.mkfifo(wd / MARKER)
+    elif how == "directory":
+        os.mkdir(wd / MARKER)
+    else:
+        # Found, though removal will refuse it for its two links.
+        os.link(good / MARKER, wd / MARKER)
+        changes.wait(found(wd), "the hard-linked marker's workdir")
+        return
+    what = {"symlink": "a symlink", "fifo": "a FIFO", "directory": "a directory"}[how]
+    hits = wait_for(
+        lambda: [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and str(wd / MARKER) in r.getMessage()
+        ],
+        what=f"a warning about the marker made as {what}",
+    )
+    assert what in hits[0]
 
 
 def test_start_rescans_after_the_inotify_queue_overflows(
@@ -576,7 +662,7 @@ def test_remove_accepts_a_root_owned_marker_in_a_user_directory(
     root: Path, owner: Owner, attacker: pwd.struct_passwd
 ) -> None:
     run_as(attacker, 'mkdir "$1/users" && touch "$1/users/file"', str(root))
-    mark_workdir(root / "users")  # root marks it, as an agent-side runner would
+    write_marker(root / "users", owner)  # root marks it, as an agent-side runner would
     [out] = Workdirs([str(root)]).remove(owner, [resource(root / "users", owner)], dry_run=False)
     assert out.ok and not (root / "users").exists()
 
@@ -711,3 +797,22 @@ def test_remove_never_raises_for_one_failure(root: Path, owner: Owner) -> None:
         subprocess.run(["chattr", "-i", str(wd / "stuck")], check=True)
     assert not outs[0].ok and not outs[0].refused and "stuck" in outs[0].detail
     assert outs[1].ok and not good.exists()
+
+
+def test_remove_refuses_while_the_owner_lives(root: Path) -> None:
+    alive = owner_of()
+    wd = root / "live"
+    wd.mkdir()
+    write_marker(wd, alive)
+    [out] = Workdirs([str(root)]).remove(alive, [resource(wd, alive)], dry_run=False)
+    assert out.refused and not out.ok and "alive" in out.detail
+    assert (wd / MARKER).exists()
+
+
+def test_a_deeply_nested_marker_is_one_warning(root: Path, caplog: pytest.LogCaptureFixture):
+    wd = marked(root / "deep", b"[" * 4000)
+    assert keys(Workdirs([str(root)]).scan()) == set()
+    assert any(
+        str(wd / MARKER) in r.getMessage() and "nested too deeply" in r.getMessage()
+        for r in caplog.records
+    )

@@ -153,7 +153,9 @@ def walk_dirs(
                         fd = open_dir(parent, entry.name)
                     except OSError as err:
                         if err.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
-                            log.warning("cannot open directory %s: %s", path, err.strerror)
+                            log.warning(
+                                "cannot open directory %s: %s", printable(path), err.strerror
+                            )
             if fd < 0:
                 return
     finally:
@@ -162,6 +164,12 @@ def walk_dirs(
         for parent, _, _, entries in stack:
             entries.close()
             os.close(parent)
+
+
+def printable(path: str) -> str:
+    """`path` fit for a one-line message: as it is, or as repr() shows it when it holds
+    control characters, other unprintable ones or undecodable bytes (users name paths)."""
+    return path if path.isprintable() else repr(path)
 
 
 def open_parent(fd: int) -> int:

@@ -13,27 +13,23 @@ import functools
 import json
 import logging
 import os
-import select
+import stat
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 
 from exitwatch.contract import MARKER, MARKER_MAX_BYTES
-from exitwatch.owner import Owner, OwnerError
+from exitwatch.owner import Owner, OwnerError, death
 from exitwatch.resources import fsops
-from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.resources.base import Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.resources.fsops import printable
+from exitwatch.resources.workdir_watch import Watch, follow
 
 log = logging.getLogger(__name__)
 
 KIND = "workdir"
-POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 # Children of a dead owner may still be writing into its workdir: empty it this many times.
 REMOVE_PASSES = 3
-# Not IN_CREATE: a marker written in place is empty until IN_CLOSE_WRITE.
-_MARKER_CHANGED = fsops.IN_MOVED_TO | fsops.IN_CLOSE_WRITE | fsops.IN_DELETE | fsops.IN_MOVED_FROM
-_SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_UNMOUNT | fsops.IN_IGNORED
-
-Watch = Callable[[int, str, int], None]
+STOP_DEADLINE = 1.0  # the agent stops within 2 s of SIGTERM
 
 
 class MarkerError(ValueError):
@@ -61,6 +57,8 @@ def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
         raise MarkerError("is not UTF-8") from None
     except ValueError:
         raise MarkerError("is not JSON") from None
+    except RecursionError:  # "[[[[…" within 4 KiB nests deeper than the parser goes
+        raise MarkerError("is JSON nested too deeply") from None
     if not isinstance(body, dict) or not isinstance(body.get("owner"), str):
         raise MarkerError('has no "owner" string')
     try:
@@ -73,22 +71,108 @@ class _Refused(Exception):
     """A safety check leaves the workdir alone; the message says why."""
 
 
-class _Fallback(Exception):
-    """inotify cannot follow the roots; the message says why."""
+class _Tree:
+    """The workdirs below the roots, found by walking them (a workdir_watch.Tree).
+
+    Markers are remembered between walks, so an unchanged one is neither read nor warned
+    about again; a directory is marked while it has an entry in `markers`. One per scan or
+    discovery thread.
+    """
+
+    def __init__(self, roots: tuple[str, ...], depth: int) -> None:
+        self.roots, self.depth = roots, depth
+        self.markers: dict[str, tuple[tuple[int, ...], Resource | None]] = {}
+        self.previous: dict[str, tuple[tuple[int, ...], Resource | None]] = {}
+        self.missing_roots: set[str] = set()
+
+    def walk_roots(self, watch: Watch | None) -> dict[str, Resource]:
+        self.previous, self.markers = self.markers, {}
+        found: dict[str, Resource] = {}
+        for root in self.roots:
+            try:
+                fd = fsops.open_under(root, ())
+            except OSError as err:
+                if root not in self.missing_roots:
+                    log.warning("workdir root %s: %s; skipped", printable(root), err.strerror)
+                self.missing_roots.add(root)
+                continue
+            self.missing_roots.discard(root)
+            found.update(self._walk(fd, root, 0, watch, False))
+        self.previous = {}
+        return found
+
+    def walk(self, path: str, depth: int, watch: Watch, fresh: bool) -> dict[str, Resource]:
+        where = _split(self.roots, path)
+        if where is None:  # a root that went away
+            return {}
+        try:
+            fd = fsops.open_under(*where)
+        except OSError:  # gone, or no longer a plain directory
+            return {}
+        return self._walk(fd, path, depth, watch, fresh)
+
+    def marked(self, path: str) -> bool:
+        return path in self.markers
+
+    def forget(self, path: str) -> None:
+        self.markers.pop(path, None)
+
+    def _walk(
+        self, fd: int, path: str, depth: int, watch: Watch | None, fresh: bool
+    ) -> dict[str, Resource]:
+        """Workdirs at or below the open directory `fd`, which is `path`, `depth` levels
+        below its root. Closes `fd`. With `watch`, each directory is watched before it is
+        read, so nothing created meanwhile goes unseen."""
+        found: dict[str, Resource] = {}
+
+        def visit(fd: int, at: str, depth: int) -> bool:
+            if watch is not None:
+                watch(fd, at, depth)
+            if not depth:
+                return True
+            marked, res = self._marker(fd, at, fresh and at == path)
+            if res is not None:
+                found[at] = res
+            return not marked
+
+        fsops.walk_dirs(fd, path, depth, self.depth, visit)
+        return found
+
+    def _marker(self, fd: int, path: str, fresh: bool) -> tuple[bool, Resource | None]:
+        """Whether directory `fd` (at `path`) is marked, and the workdir if well marked."""
+        try:
+            st = os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            self.markers.pop(path, None)
+            return False, None
+        sig = (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        old = self.markers.get(path) or self.previous.get(path)
+        if old is not None and old[0] == sig:
+            self.markers[path] = old
+            return True, old[1]
+        try:
+            res: Resource | None = Resource(KIND, path, read_marker(fd)[0], name=path)
+        except FileNotFoundError:
+            return False, None
+        except MarkerError as err:
+            if fresh and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                # Made in place, it may still be being written: not wrong yet. Closing it
+                # after writing brings it back (a hard link, with two, is already whole).
+                self.markers[path] = ((), None)  # marked, and read again next time
+                return True, None
+            log.warning("marker %s %s; workdir skipped", printable(os.path.join(path, MARKER)), err)
+            res = None
+        self.markers[path] = (sig, res)
+        return True, res
 
 
-class _Overflow(Exception):
-    """The inotify queue overflowed: changes were lost."""
-
-
-@dataclass
-class _Seen:
-    """What one discovery thread remembers, so unchanged markers are not read or warned
-    about again. A directory is marked while it has an entry in `markers`."""
-
-    markers: dict[str, tuple[tuple[int, ...], Resource | None]] = field(default_factory=dict)
-    previous: dict[str, tuple[tuple[int, ...], Resource | None]] = field(default_factory=dict)
-    missing_roots: set[str] = field(default_factory=set)
+def _split(roots: Iterable[str], path: str) -> tuple[str, list[str]] | None:
+    """The root `path` lies strictly below, and the components below it."""
+    for root in roots:
+        prefix = root.rstrip("/") + "/"
+        if path.startswith(prefix):
+            return root, path[len(prefix) :].split("/")
+    return None
 
 
 class Workdirs(ResourceKind):
@@ -107,7 +191,7 @@ class Workdirs(ResourceKind):
     # Discovery
 
     def scan(self) -> Snapshot:
-        found = self._walk_roots(_Seen(), None)
+        found = _Tree(self.roots, self.depth).walk_roots(None)
         return Snapshot(KIND, tuple(found[p] for p in sorted(found)))
 
     def start(self, notify: Notify) -> None:
@@ -115,7 +199,10 @@ class Workdirs(ResourceKind):
             raise RuntimeError("workdir discovery is already running")
         self._stop_r, self._stop_w = os.pipe()
         self._thread = threading.Thread(
-            target=self._run, args=(notify,), name="exitwatch-workdirs", daemon=True
+            target=follow,
+            args=(_Tree(self.roots, self.depth), KIND, notify, self._stop_r),
+            name="exitwatch-workdirs",
+            daemon=True,
         )
         self._thread.start()
 
@@ -123,143 +210,29 @@ class Workdirs(ResourceKind):
         if self._thread is None:
             return
         os.write(self._stop_w, b"x")
-        self._thread.join()
-        os.close(self._stop_r)
-        os.close(self._stop_w)
+        self._thread.join(STOP_DEADLINE)
+        if self._thread.is_alive():
+            # A walk of a huge tree is under way; the thread is a daemon, and it owns the
+            # pipe's read end until it notices.
+            log.warning("workdir discovery did not stop within %.0f s", STOP_DEADLINE)
+        else:
+            os.close(self._stop_r)
+            os.close(self._stop_w)
         self._thread = None
-
-    def _run(self, notify: Notify) -> None:
-        seen = _Seen()
-        try:
-            self._follow(notify, seen)
-            return
-        except _Fallback as err:
-            reason = str(err)
-        except OSError as err:
-            reason = f"inotify failed: {err.strerror or err}"
-        except Exception:
-            log.exception("inotify workdir discovery failed")
-            reason = "inotify discovery failed"
-        log.warning("workdir discovery falls back to rescans every %gs: %s", POLL_INTERVAL, reason)
-        self._poll(notify, seen)
-
-    def _follow(self, notify: Notify, seen: _Seen) -> None:
-        while True:  # one inotify instance per turn; an overflow starts afresh
-            try:
-                watcher = _Watcher(self, notify, seen)
-            except OSError as err:
-                raise _Fallback(f"inotify is unavailable: {err.strerror}") from None
-            try:
-                watcher.sync()
-                log.info("following workdirs under %s with inotify", ", ".join(self.roots))
-                while not self._wait(watcher.ino.fd, None):
-                    for wd, mask, name in watcher.ino.read():
-                        watcher.handle(wd, mask, name)
-                return
-            except _Overflow:
-                log.warning("inotify queue overflowed: rescanning the workdir roots")
-            finally:
-                watcher.ino.close()
-
-    def _poll(self, notify: Notify, seen: _Seen) -> None:
-        known: dict[str, Resource] | None = None
-        while True:
-            try:
-                found = self._walk_roots(seen, None)
-            except OSError as err:
-                log.warning("workdir rescan failed, trying again: %s", err)
-            else:
-                if known is None:
-                    known = found
-                    notify(Snapshot(KIND, tuple(found[p] for p in sorted(found))))
-                else:
-                    _report(notify, known, found, known.keys() | found.keys())
-            if self._wait(None, POLL_INTERVAL):
-                return
-
-    def _wait(self, fd: int | None, timeout: float | None) -> bool:
-        """Wait until `fd` is readable or `timeout` passes; True once stop() was called."""
-        poller = select.poll()
-        poller.register(self._stop_r, select.POLLIN)
-        if fd is not None:
-            poller.register(fd, select.POLLIN)
-        ready = poller.poll(None if timeout is None else timeout * 1000)
-        return any(r == self._stop_r for r, _ in ready)
-
-    def _walk_roots(self, seen: _Seen, watch: Watch | None) -> dict[str, Resource]:
-        seen.previous, seen.markers = seen.markers, {}
-        found: dict[str, Resource] = {}
-        for root in self.roots:
-            try:
-                fd = fsops.open_under(root, ())
-            except OSError as err:
-                if root not in seen.missing_roots:
-                    log.warning("workdir root %s: %s; skipped", root, err.strerror)
-                seen.missing_roots.add(root)
-                continue
-            seen.missing_roots.discard(root)
-            found.update(self._walk(fd, root, 0, seen, watch))
-        seen.previous = {}
-        return found
-
-    def _walk(
-        self, fd: int, path: str, depth: int, seen: _Seen, watch: Watch | None
-    ) -> dict[str, Resource]:
-        """Workdirs at or below the open directory `fd`, which is `path`, `depth` levels
-        below its root. Closes `fd`. With `watch`, each directory is watched before it is
-        read, so nothing created meanwhile goes unseen."""
-        found: dict[str, Resource] = {}
-
-        def visit(fd: int, path: str, depth: int) -> bool:
-            if watch is not None:
-                watch(fd, path, depth)
-            if not depth:
-                return True
-            marked, res = self._marker(fd, path, seen)
-            if res is not None:
-                found[path] = res
-            return not marked
-
-        fsops.walk_dirs(fd, path, depth, self.depth, visit)
-        return found
-
-    def _marker(self, fd: int, path: str, seen: _Seen) -> tuple[bool, Resource | None]:
-        """Whether directory `fd` (at `path`) is marked, and the workdir if well marked."""
-        try:
-            st = os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            seen.markers.pop(path, None)
-            return False, None
-        sig = (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        old = seen.markers.get(path) or seen.previous.get(path)
-        if old is not None and old[0] == sig:
-            seen.markers[path] = old
-            return True, old[1]
-        try:
-            res: Resource | None = Resource(KIND, path, read_marker(fd)[0], name=path)
-        except FileNotFoundError:
-            return False, None
-        except MarkerError as err:
-            log.warning("marker %s %s; workdir skipped", os.path.join(path, MARKER), err)
-            res = None
-        seen.markers[path] = (sig, res)
-        return True, res
-
-    def _split(self, path: str) -> tuple[str, list[str]] | None:
-        """The root `path` lies strictly below, and the components below it."""
-        for root in self.roots:
-            prefix = root.rstrip("/") + "/"
-            if path.startswith(prefix):
-                return root, path[len(prefix) :].split("/")
-        return None
 
     # Removal
 
     def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        if death(owner) is None:  # checked again just before anything is deleted
+            why = f"its owner {owner} is alive"
+            return [
+                Outcome(f"workdir {printable(r.key)}", KIND, ok=False, detail=why, refused=True)
+                for r in resources
+            ]
         return [self._remove_one(owner, res.key, dry_run) for res in resources]
 
     def _remove_one(self, owner: Owner, path: str, dry_run: bool) -> Outcome:
-        what = f"workdir {path}"
+        what = f"workdir {printable(path)}"  # for people, and for log lines
         try:
             root, parts = self._locate(path)
             try:
@@ -288,7 +261,6 @@ class Workdirs(ResourceKind):
             log.warning("%s: refused to remove: %s", what, why)
             return Outcome(what, KIND, ok=False, detail=str(why), refused=True)
         except FileNotFoundError:
-            log.info("%s: already gone", what)
             return Outcome(what, KIND, ok=True, detail="already gone")
         except OSError as err:
             log.warning("%s: removal failed: %s", what, err.strerror or err)
@@ -299,11 +271,12 @@ class Workdirs(ResourceKind):
             raise _Refused("the path is not absolute and normalized")
         if path in self.roots:
             raise _Refused("it is a workdir root, and a root is never removed")
-        where = self._split(path)
+        where = _split(self.roots, path)
         if where is None:
-            raise _Refused(f"it is not under a workdir root ({', '.join(self.roots)})")
+            roots = ", ".join(map(printable, self.roots))
+            raise _Refused(f"it is not under a workdir root ({roots})")
         if len(where[1]) > self.depth:
-            raise _Refused(f"it is more than {self.depth} levels below {where[0]}")
+            raise _Refused(f"it is more than {self.depth} levels below {printable(where[0])}")
         return where
 
     def _remove_open(
@@ -328,7 +301,6 @@ class Workdirs(ResourceKind):
         if mst.st_nlink != 1:
             raise _Refused(f"its marker has {mst.st_nlink} hard links")
         if dry_run:
-            log.info("%s: would remove (owner %s)", what, owner)
             return Outcome(what, KIND, ok=True, detail="would remove")
         left: list[fsops.Left] = []
         for _ in range(REMOVE_PASSES):
@@ -341,10 +313,9 @@ class Workdirs(ResourceKind):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(MARKER, dir_fd=fd)
             if _rmdir_same(parent, name, st):
-                log.info("%s: removed (owner %s)", what, owner)
                 return Outcome(what, KIND, ok=True, detail="removed")
             left = [(".", "entries appeared during removal", False)]
-        lines = [f"{rel}: {why}" for rel, why, _ in left]
+        lines = [f"{printable(rel)}: {why}" for rel, why, _ in left]
         shown = "; ".join(lines[:5]) + (f"; and {len(lines) - 5} more" if len(lines) > 5 else "")
         log.warning("%s: left in place: %s", what, shown)
         kept = any(kept for _, _, kept in left)
@@ -379,82 +350,3 @@ def _rmdir_same(parent: int, name: str, st: os.stat_result) -> bool:
             raise _Refused("it was replaced during removal") from None
         raise
     return True
-
-
-class _Watcher:
-    """One inotify instance following the roots; used by the discovery thread alone.
-
-    Every directory down to the depth limit is watched, a marked one too (to see its marker
-    go), but nothing below a marked one. An event that matters makes the directory it
-    concerns be looked at again.
-    """
-
-    def __init__(self, kind: Workdirs, notify: Notify, seen: _Seen) -> None:
-        self.kind, self.notify, self.seen = kind, notify, seen
-        self.ino = fsops.Inotify()
-        self.known: dict[str, Resource] = {}
-        self.visited: set[str] = set()
-
-    def sync(self) -> None:
-        """Watch everything, then report the complete set: nothing is lost in between."""
-        self.known = self.kind._walk_roots(self.seen, self.watch)
-        self.notify(Snapshot(KIND, tuple(self.known[p] for p in sorted(self.known))))
-
-    def watch(self, fd: int, path: str, depth: int) -> None:
-        try:
-            self.ino.watch(fd, path, depth)
-        except OSError as err:
-            if err.errno == errno.ENOSPC:
-                raise _Fallback(err.strerror) from None
-            raise
-        self.visited.add(path)
-
-    def handle(self, wd: int, mask: int, name: str) -> None:
-        if mask & fsops.IN_Q_OVERFLOW:
-            raise _Overflow
-        path = self.ino.path(wd)
-        if path is None:  # unwatched since, maybe by an earlier event of the same read
-            return
-        depth = self.ino.dirs[path].depth
-        if mask & _SELF_GONE:
-            if path in self.kind.roots:
-                log.warning("workdir root %s was removed or moved away; no longer followed", path)
-            self.refresh(path, depth)
-        elif name == MARKER and depth:
-            if mask & _MARKER_CHANGED:
-                self.refresh(path, depth)
-        elif mask & fsops.IN_ISDIR and depth < self.kind.depth and path not in self.seen.markers:
-            self.refresh(os.path.join(path, name), depth + 1)
-
-    def refresh(self, path: str, depth: int) -> None:
-        """Look at `path` again: watch what is new below it, report what changed, and drop
-        what is gone or now lies below a workdir."""
-        before = self.ino.subtree(path)
-        self.visited = set()
-        found: dict[str, Resource] = {}
-        where = self.kind._split(path)  # None for a root that went away
-        try:
-            fd = fsops.open_under(*where) if where else -1
-        except OSError:  # gone, or no longer a plain directory
-            fd = -1
-        if fd >= 0:
-            found = self.kind._walk(fd, path, depth, self.seen, self.watch)
-        for p in before:
-            if p not in self.visited:
-                self.ino.unwatch(p)
-                self.seen.markers.pop(p, None)
-        _report(self.notify, self.known, found, set(before) | self.visited)
-
-
-def _report(
-    notify: Notify, known: dict[str, Resource], found: dict[str, Resource], paths: Iterable[str]
-) -> None:
-    """Report how `found` differs from `known` at `paths`, and bring `known` up to date."""
-    for path in paths:
-        res = found.get(path)
-        if res is None:
-            if known.pop(path, None) is not None:
-                notify(Gone(KIND, path))
-        elif known.get(path) != res:
-            known[path] = res
-            notify(Found(res))

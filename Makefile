@@ -10,9 +10,9 @@ DEBIAN_PY := /usr/bin/python3
 APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
 	python3-psutil python3-docker python3-click python3-prometheus-client \
 	python3-pytest python3-hypothesis \
-	clang libbpf-dev gcc util-linux
+	clang libbpf-dev gcc util-linux forkstat
 
-.PHONY: all deps apt venv test unit lint run clean
+.PHONY: all deps apt venv test lint run clean
 
 all: deps
 
@@ -39,8 +39,8 @@ $(VENV)/.installed: pyproject.toml | apt
 	touch $@
 
 lint: venv
-	$(VENV)/bin/ruff check exitwatch tests
-	$(VENV)/bin/ruff format --check exitwatch tests
+	$(VENV)/bin/ruff check exitwatch tests bench packaging
+	$(VENV)/bin/ruff format --check exitwatch tests bench packaging
 
 # The whole suite twice: under the newest PyPI libraries, and under Debian's python3 with
 # bookworm's packages (what the .deb depends on).
@@ -67,11 +67,7 @@ deb:
 # (docs/benchmarks.md). Never part of `make test`; tests/test_bench_smoke.py runs the smoke.
 BENCH_BIN := build/bench
 
-.PHONY: bench bench-smoke bench-bins bench-deps
-
-bench-deps:
-	@dpkg-query -W -f='$${Status}' forkstat 2>/dev/null | grep -q 'ok installed' || \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq forkstat >/dev/null
+.PHONY: bench bench-smoke bench-bins
 
 bench-bins: $(BENCH_BIN)/forkloop $(BENCH_BIN)/cnfloor
 
@@ -79,10 +75,10 @@ $(BENCH_BIN)/%: bench/%.c
 	@mkdir -p $(BENCH_BIN)
 	gcc -O2 -Wall -Wextra -o $@ $<
 
-bench: deps bench-deps bench-bins
+bench: deps bench-bins
 	$(VPY) -m bench.run
 
-bench-smoke: deps bench-deps bench-bins
+bench-smoke: deps bench-bins
 	$(VPY) -m bench.run --smoke --results $(BENCH_BIN)/results-smoke.json --docs ''
 
 # The soak (docs/reliability.md): owners die at random for SOAK_SECONDS (default 600) while

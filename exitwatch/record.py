@@ -82,13 +82,14 @@ class Recorder:
             counter, verb, level = f"would_reap_{outcome.kind}", "would reap", logging.INFO
         else:
             counter, verb, level = f"reaped_{outcome.kind}", "reaped", logging.INFO
+        # The histogram first: whoever sees the counter move then sees the latency too.
+        if self.observe is not None and outcome.ok and not dry_run:
+            self.observe(outcome.kind, latency)
         with self._lock:
             self.recent.append(reap)
             self._counters[counter] += 1
         if self.audit is not None:
             self.audit.write(asdict(reap))
-        if self.observe is not None and outcome.ok and not dry_run:
-            self.observe(outcome.kind, latency)
         log.log(
             level,
             "%s %s owner=%s death=%r latency_ms=%.1f result=%r",

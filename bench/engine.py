@@ -1,0 +1,138 @@
+"""The benchmark's own Docker engine (tests/engine.sh), containers made in bulk, and the
+engine's destroy events: the outside clock that says when a container is gone."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from exitwatch.contract import LABEL_OWNER
+from exitwatch.owner import Owner
+
+ENGINE_SH = Path(__file__).resolve().parent.parent / "tests" / "engine.sh"
+IMAGE = "exitwatch-test/busybox:latest"
+FLOOR_LABEL = "exitwatch.bench"  # floor containers: the same kind, but nobody's
+THREADS = 16
+
+
+class Engine:
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        socket = os.path.join(directory, "docker.sock")
+        done = subprocess.run(
+            [str(ENGINE_SH), "start", directory, socket],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"engine.sh start {directory} failed: {done.stderr.strip()}")
+        self.host = done.stdout.strip()
+        self.api = docker.APIClient(base_url=self.host, timeout=300, max_pool_size=THREADS * 2)
+        self.version = self.api.version()["Version"]
+        self.clean()
+
+    def env(self) -> dict[str, str]:
+        """For the docker CLI: this engine, nothing else from the caller's DOCKER_* setup."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        return env | {"DOCKER_HOST": self.host}
+
+    def create(self, n: int, owner: Owner | None = None, start: bool = False) -> list[str]:
+        """`n` containers of the test image, labelled with `owner` (or as floor ones)."""
+        labels = {LABEL_OWNER: str(owner)} if owner is not None else {FLOOR_LABEL: "floor"}
+
+        def one(_: int) -> str:
+            cid = self.api.create_container(IMAGE, labels=labels)["Id"]
+            if start:
+                self.api.start(cid)
+            return cid
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            return list(pool.map(one, range(n)))
+
+    def create_for(
+        self, owners: Iterable[Owner], per_owner: int, start: bool = False
+    ) -> dict[Owner, list[str]]:
+        owners = list(owners)
+
+        def one(owner: Owner) -> list[str]:
+            return [
+                self.api.create_container(IMAGE, labels={LABEL_OWNER: str(owner)})["Id"]
+                for _ in range(per_owner)
+            ]
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            made = dict(zip(owners, pool.map(one, owners), strict=True))
+        if start:
+            with ThreadPoolExecutor(THREADS) as pool:
+                list(pool.map(self.api.start, [c for ids in made.values() for c in ids]))
+        return made
+
+    def remove(self, ids: Iterable[str]) -> None:
+        def one(cid: str) -> None:
+            with contextlib.suppress(docker.errors.NotFound):
+                self.api.remove_container(cid, force=True, v=True)
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            list(pool.map(one, ids))
+
+    def clean(self) -> None:
+        self.remove(c["Id"] for c in self.api.containers(all=True))
+
+    def count(self) -> int:
+        return len(self.api.containers(all=True, quiet=True))
+
+    def close(self) -> None:
+        """Stop the engine; its data (the image) stays for the next run."""
+        self.api.close()
+        subprocess.run([str(ENGINE_SH), "stop", self.dir], capture_output=True, check=False)
+
+
+class Destroyed:
+    """Follows the engine's destroy events; `when(id)` is when one was seen (monotonic)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.seen: dict[str, float] = {}
+        self._cond = threading.Condition()
+        self._stream = engine.api.events(
+            filters={"type": "container", "event": "destroy"}, decode=True
+        )
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+        # The engine answers an events request before it subscribes: a container removed
+        # now and seen proves the stream is live.
+        probe = engine.create(1)[0]
+        engine.remove([probe])
+        if not self.wait([probe], 30):
+            raise RuntimeError("the engine's events stream did not report a destroy in 30 s")
+
+    def _follow(self) -> None:
+        with contextlib.suppress(Exception):  # the stream ends with an error when closed
+            for event in self._stream:
+                at = time.monotonic()
+                with self._cond:
+                    self.seen[event.get("id") or event["Actor"]["ID"]] = at
+                    self._cond.notify_all()
+
+    def wait(self, ids: Iterable[str], timeout: float) -> bool:
+        """Whether every one of `ids` was destroyed within `timeout` seconds from now."""
+        ids = list(ids)
+        with self._cond:
+            return self._cond.wait_for(lambda: all(i in self.seen for i in ids), timeout)
+
+    def when(self, cid: str) -> float | None:
+        with self._cond:
+            return self.seen.get(cid)
+
+    def close(self) -> None:
+        self._stream.close()

@@ -1,0 +1,106 @@
+"""1. Reap latency: owner SIGKILL -> its container is gone, and -> its workdir is gone, by
+the benchmark's clock. The floor, timed in the same loop, is the engine removing the same
+kind of container on request."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import time
+
+from bench import stats
+from bench.engine import Destroyed, Engine
+from bench.gone import Gone
+from bench.procs import Agent, AgentFailed, end_owners, spawn_owners
+from exitwatch.contract import mark_workdir
+
+DEADLINE = 10.0  # seconds for one removal to be seen; past it the trial counts as missed
+
+
+def run(engine: Engine, source: str, trials: int, root: str, poll_interval: float) -> dict:
+    """Latencies of one source over `trials` owners, each holding one running container and
+    one workdir; every trial also times the two floors."""
+    owners = spawn_owners(trials)
+    made = engine.create_for([o.owner for o in owners], 1, start=True)
+    floor_api = engine.create(trials, start=True)
+    floor_cli = engine.create(trials, start=True)
+    dirs = []
+    for i, o in enumerate(owners):
+        path = os.path.join(root, f"{source}-{i}")
+        os.mkdir(path)
+        mark_workdir(path, o.proc.pid)
+        dirs.append(path)
+    destroyed, gone = Destroyed(engine), Gone()
+    agent = Agent(source, engine.host, [root], poll_interval if source == "poll" else None)
+    result: dict = {"source": source, "trials": trials}
+    rng = random.Random(trials)
+    try:
+        agent.start()
+        result["ready_s"] = round(agent.wait_ready(), 3)
+        result["watching"] = agent.watching()
+        lat_c, lat_w, api, cli, missed = [], [], [], [], 0
+        for i, o in enumerate(owners):
+            at = time.monotonic()
+            engine.api.remove_container(floor_api[i], force=True, v=True)
+            destroyed.wait([floor_api[i]], DEADLINE)
+            api.append(_ms(destroyed.when(floor_api[i]), at))
+
+            at = time.monotonic()
+            subprocess.run(
+                ["docker", "rm", "-f", floor_cli[i]],
+                env=engine.env(),
+                stdout=subprocess.DEVNULL,
+                check=True,
+            )
+            destroyed.wait([floor_cli[i]], DEADLINE)
+            cli.append(_ms(destroyed.when(floor_cli[i]), at))
+
+            gone.add(dirs[i])
+            cid = made[o.owner][0]
+            if source == "poll":
+                # Each trial ends just after a poll tick reaped its owner; without a random
+                # pause every kill would land at the same phase of the interval.
+                time.sleep(rng.uniform(0, poll_interval))
+            at = o.kill()
+            ok = destroyed.wait([cid], DEADLINE) & gone.wait([dirs[i]], DEADLINE)
+            if not ok:
+                missed += 1
+                continue
+            lat_c.append(_ms(destroyed.when(cid), at))
+            lat_w.append(_ms(gone.when(dirs[i]), at))
+    except AgentFailed as err:
+        return result | {"unavailable": str(err)}
+    finally:
+        agent.stop()
+        destroyed.close()
+        gone.close()
+        end_owners(owners)
+        engine.clean()
+    container = stats.summary(lat_c)
+    floor = stats.summary(api)
+    return result | {
+        "poll_interval_s": poll_interval if source == "poll" else None,
+        "missed": missed,
+        "container_ms": container,
+        "workdir_ms": stats.summary(lat_w),
+        "floor_api_ms": floor,
+        "floor_cli_ms": stats.summary(cli),
+        "overhead_ms": stats.minus(container, floor),
+        "agent_log_latency_ms": _logged(agent.lines),
+    }
+
+
+def _ms(end: float | None, start: float) -> float:
+    assert end is not None
+    return (end - start) * 1000
+
+
+def _logged(lines: list[str]) -> dict:
+    """The agent's own latency_ms figures for containers, beside ours (not the figure)."""
+    values = [
+        float(x.split("latency_ms=")[1].split()[0])
+        for x in lines
+        if "reaped container" in x and "latency_ms=" in x
+    ]
+    return stats.summary(values)

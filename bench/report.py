@@ -1,0 +1,224 @@
+"""The results as targets met or missed, a table for the terminal, and docs/benchmarks.md.
+
+Only measured figures appear: a section that did not run, or a source that was unavailable,
+shows as such rather than as a number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ANALYSIS_BEGIN = "<!-- analysis: kept as written when the harness rewrites this page -->"
+ANALYSIS_END = "<!-- end of analysis -->"
+_Q = ("p50", "p95", "p99", "max")
+
+
+def _check(
+    out: list, section: str, name: str, value: float | int | None, op: str, limit: float
+) -> None:
+    if value is None:
+        return  # not measured, not reported
+    met = value <= limit if op == "<=" else value < limit if op == "<" else value >= limit
+    out.append({"section": section, "target": f"{name} {op} {limit:g}", "value": value, "met": met})
+
+
+def _failed(v: object) -> bool:
+    return isinstance(v, dict) and "error" in v
+
+
+def _measured(results: dict) -> dict:
+    """The sections that ran to the end."""
+    return {k: v for k, v in results["sections"].items() if not _failed(v)}
+
+
+def targets(results: dict) -> list[dict]:
+    s = _measured(results)
+    out: list[dict] = []
+    for r in s.get("latency", []):
+        if "unavailable" in r:
+            continue
+        src = r["source"]
+        if src == "netlink":
+            _check(out, "latency", "netlink overhead p95 ms", r["overhead_ms"].get("p95"), "<=", 50)
+        if src == "poll":
+            _check(
+                out,
+                "latency",
+                "poll overhead p99 ms (interval + 50)",
+                r["overhead_ms"].get("p99"),
+                "<=",
+                r["poll_interval_s"] * 1000 + 50,
+            )
+        else:
+            _check(out, "latency", f"{src} workdir p99 ms", r["workdir_ms"].get("p99"), "<=", 100)
+        _check(out, "latency", f"{src} missed", r["missed"], "<=", 0)
+    for r in s.get("storm", []):
+        if "unavailable" in r:
+            continue
+        v = r["variant"]
+        _check(out, "storm", f"{v} missed", r["missed"], "<=", 0)
+        _check(out, "storm", f"{v} late (> 2 s)", r["late"], "<=", 0)
+        if v != "netlink-nofilter":
+            _check(out, "storm", f"{v} agent CPU per exit / floor", r["agent_vs_floor"], "<=", 1.5)
+        _check(out, "storm", "forkstat CPU per exit / agent", r["forkstat_vs_agent"], ">=", 3)
+    if "idle" in s:
+        _check(out, "idle", "agent CPU %", s["idle"]["cpu_pct"], "<", 0.5)
+        _check(out, "idle", "agent RSS MB", s["idle"]["rss_mb"], "<", 60)
+    if "scale" in s:
+        sc = s["scale"]
+        _check(out, "scale", "reconcile time / docker ps", sc["reconcile"]["ratio"], "<=", 1.5)
+        _check(
+            out,
+            "scale",
+            "bulk reap throughput / docker rm -f",
+            sc["bulk"]["throughput_ratio"],
+            ">=",
+            1.0,
+        )
+    return out
+
+
+def _dist(d: dict) -> str:
+    if not d.get("n", 1):
+        return "none"
+    return " / ".join(f"{d[q]:.1f}" for q in _Q if q in d)
+
+
+def rows(results: dict) -> list[tuple[str, str, str]]:
+    """(section, figure, value) for everything measured."""
+    s = _measured(results)
+    out = [(k, "failed", v["error"]) for k, v in results["sections"].items() if _failed(v)]
+    dist = "p50 / p95 / p99 / max ms"
+    for r in s.get("latency", []):
+        src = r["source"]
+        if "unavailable" in r:
+            out.append(("latency", src, f"unavailable: {r['unavailable']}"))
+            continue
+        n = f"{r['container_ms'].get('n', 0)} trials, {r['missed']} missed"
+        out += [
+            ("latency", f"{src}: SIGKILL -> container gone, {dist}", _dist(r["container_ms"])),
+            ("latency", f"{src}: floor, engine DELETE force, {dist}", _dist(r["floor_api_ms"])),
+            ("latency", f"{src}: floor, `docker rm -f` CLI, {dist}", _dist(r["floor_cli_ms"])),
+            ("latency", f"{src}: overhead (ours - API floor), {dist}", _dist(r["overhead_ms"])),
+            ("latency", f"{src}: SIGKILL -> workdir gone, {dist}", _dist(r["workdir_ms"])),
+            ("latency", f"{src}: trials", n),
+        ]
+    for r in s.get("storm", []):
+        v = r["variant"]
+        if "unavailable" in r:
+            out.append(("storm", v, f"unavailable: {r['unavailable']}"))
+            continue
+        per = r["cpu_s_per_100k_exits"]
+        out += [
+            (
+                "storm",
+                f"{v}: exits/s ({r['loops']} loops, {r['seconds']:g} s)",
+                str(r["exits_per_s"]),
+            ),
+            ("storm", f"{v}: missed / late of {r['owners']}", f"{r['missed']} / {r['late']}"),
+            ("storm", f"{v}: resyncs (hints lost)", str(r["resyncs"])),
+            ("storm", f"{v}: reap {dist}", _dist(r["container_ms"])),
+            (
+                "storm",
+                f"{v}: CPU s per 100k exits",
+                ", ".join(f"{k} {x:.2f}" for k, x in per.items()),
+            ),
+            ("storm", f"{v}: agent / floor", str(r["agent_vs_floor"])),
+        ]
+        if r.get("forkstat_vs_agent") is not None:
+            out.append(("storm", f"{v}: forkstat / agent", str(r["forkstat_vs_agent"])))
+        if r.get("floor_reader"):
+            out.append(("storm", f"{v}: floor reader ENOBUFS", str(r["floor_reader"]["enobufs"])))
+        if r.get("bpf"):
+            b = r["bpf"]
+            out.append(
+                (
+                    "storm",
+                    f"{v}: BPF program ns per run ({b['run_cnt']} runs)",
+                    str(b["ns_per_run"]),
+                )
+            )
+    if "idle" in s:
+        i = s["idle"]
+        out += [
+            (
+                "idle",
+                f"{i['owners']} owners x {i['containers'] // max(i['owners'], 1)} "
+                f"containers: CPU % over {i['seconds']:g} s",
+                str(i["cpu_pct"]),
+            ),
+            ("idle", "RSS MB (peak)", f"{i['rss_mb']} ({i['rss_peak_mb']})"),
+        ]
+    if "scale" in s:
+        sc = s["scale"]
+        rc, b, w = sc["reconcile"], sc["bulk"], sc["workdirs"]
+        out += [
+            (
+                "scale",
+                f"reconcile {rc['containers']} containers: agent to ready / docker ps, s",
+                f"{rc['ours_median_s']} / {rc['baseline_median_s']} = {rc['ratio']}",
+            ),
+            (
+                "scale",
+                "agent to ready with nothing to list, s",
+                " ".join(map(str, sc["startup_empty"]["ours_s"])),
+            ),
+            (
+                "scale",
+                f"bulk reap {b['containers']}: agent / docker rm -f, containers/s",
+                f"{b['ours_per_s']} / {b['baseline_per_s']} = {b['throughput_ratio']}",
+            ),
+            (
+                "scale",
+                f"workdirs {w['dirs']}: agent to ready / find, s",
+                f"{w['ours_median_s']} / {w['baseline_median_s']} = {w['ratio']}",
+            ),
+        ]
+    return out
+
+
+def table(results: dict) -> str:
+    r = rows(results)
+    width = max((len(f) for _, f, _ in r), default=10)
+    lines = [f"{'section':8} {'figure':{width}} value"]
+    lines += [f"{s:8} {f:{width}} {v}" for s, f, v in r]
+    lines.append("")
+    for t in results["targets"]:
+        lines.append(
+            f"{'met   ' if t['met'] else 'MISSED'} {t['section']:8} {t['target']}: {t['value']}"
+        )
+    return "\n".join(lines)
+
+
+def _analysis(path: Path) -> str:
+    """The hand-written analysis in the current page, if any."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    if ANALYSIS_BEGIN in text and ANALYSIS_END in text:
+        return text.split(ANALYSIS_BEGIN, 1)[1].split(ANALYSIS_END, 1)[0].strip()
+    return ""
+
+
+def update_docs(results: dict, path: Path, results_rel: str) -> None:
+    template = (Path(__file__).with_name("benchmarks.md.in")).read_text()
+    m = results["machine"]
+    machine = "\n".join(f"| {k} | {v} |" for k, v in m.items())
+    figures = "\n".join(f"| {s} | {f} | {v} |" for s, f, v in rows(results))
+    tgt = "\n".join(
+        f"| {t['section']} | {t['target']} | {t['value']} | {'met' if t['met'] else '**missed**'} |"
+        for t in results["targets"]
+    )
+    sizes = "\n".join(f"| `BENCH_{k.upper()}` | {v} |" for k, v in results["sizes"].items())
+    page = template.format(
+        started=results["started"],
+        duration=results["duration_s"],
+        machine=machine,
+        figures=figures,
+        targets=tgt,
+        sizes=sizes,
+        results=results_rel,
+        analysis=f"{ANALYSIS_BEGIN}\n{_analysis(path)}\n{ANALYSIS_END}",
+        smoke=" (smoke sizes: not figures to quote)" if results["smoke"] else "",
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page)

@@ -1,0 +1,240 @@
+"""`make bench`: run the sections, print the table, write bench/results.json, update
+docs/benchmarks.md. Sizes come from BENCH_* environment variables or flags; --smoke shrinks
+them all so the whole run takes well under a minute."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import docker
+import psutil
+
+from bench import idle, latency, report, scale, storm
+from bench.engine import Engine
+from bench.procs import end_owners, spawn_owners
+
+HERE = Path(__file__).resolve().parent
+SECTIONS = ("latency", "storm", "idle", "scale")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    trials: int = 100
+    """Reap-latency trials per source."""
+    poll_interval: float = 0.5
+    """The poll source's interval in the latency section, seconds."""
+    storm_seconds: float = 30.0
+    """Length of each exit storm."""
+    storm_owners: int = 100
+    """Owners killed at random moments during each storm."""
+    idle_owners: int = 1000
+    """Live owners in the idle section."""
+    idle_per_owner: int = 5
+    """Created containers per idle owner."""
+    idle_seconds: float = 60.0
+    """How long the idle agent's CPU is measured."""
+    reconcile_containers: int = 10_000
+    """Labelled containers for the start-up reconcile."""
+    bulk_containers: int = 1000
+    """Containers of the one owner reaped in bulk (and of the baseline's owner)."""
+    workdirs: int = 100_000
+    """Marked dirs for the workdir reconcile."""
+
+
+SMOKE = Sizes(
+    trials=3,
+    poll_interval=0.2,
+    storm_seconds=2.0,
+    storm_owners=3,
+    idle_owners=5,
+    idle_per_owner=2,
+    idle_seconds=2.0,
+    reconcile_containers=20,
+    bulk_containers=10,
+    workdirs=200,
+)
+
+
+def _sizes(args: argparse.Namespace) -> Sizes:
+    base = SMOKE if args.smoke else Sizes()
+    values = {}
+    for f in fields(Sizes):
+        env = os.environ.get(f"BENCH_{f.name.upper()}")
+        values[f.name] = type(getattr(base, f.name))(env) if env else getattr(base, f.name)
+    return Sizes(**values)
+
+
+def _machine(engine: Engine) -> dict:
+    def first(cmd: list[str]) -> str:
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            return out.strip().splitlines()[0]
+        return "unknown"
+
+    model = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "docker_py": docker.__version__,
+        "psutil": psutil.__version__,
+        "dockerd": engine.version,
+        "docker_cli": first(["docker", "--version"]),
+        "forkstat": first(["forkstat", "-h"]) if shutil.which("forkstat") else None,
+        "gcc": first(["gcc", "--version"]),
+    }
+
+
+def _fresh(path: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def run(args: argparse.Namespace, partial: str | None = None) -> dict:
+    """All the sections asked for; after each, the results so far go to `partial`."""
+    sizes = _sizes(args)
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    work = tempfile.mkdtemp(prefix="exitwatch-bench-")
+    engine = Engine(args.engine_dir)
+    results: dict = {
+        "schema": 1,
+        "smoke": args.smoke,
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": _machine(engine),
+        "sizes": asdict(sizes),
+        "sections": {},
+    }
+    begun = time.monotonic()
+    sections = results["sections"]
+
+    def section(name: str, measure: Callable[[], dict | list]) -> None:
+        """One section; a failure is recorded in its place and the others still run."""
+        try:
+            sections[name] = measure()
+        except Exception as err:
+            sections[name] = {"error": f"{type(err).__name__}: {err}"}
+        print(json.dumps({name: sections[name]}), file=sys.stderr, flush=True)
+        if partial:
+            Path(partial).write_text(json.dumps(results, indent=2) + "\n")
+
+    try:
+        if "latency" in only:
+            root = _fresh(os.path.join(work, "latency"))
+            section(
+                "latency",
+                lambda: [
+                    latency.run(engine, s, sizes.trials, root, sizes.poll_interval)
+                    for s in ("netlink", "poll", "ebpf")
+                ],
+            )
+        if "storm" in only:
+            root = _fresh(os.path.join(work, "storm"))
+            section(
+                "storm",
+                lambda: [
+                    storm.run(
+                        engine,
+                        v,
+                        sizes.storm_seconds,
+                        sizes.storm_owners,
+                        root,
+                        args.bindir,
+                        v == "netlink",
+                        seed,
+                    )
+                    for seed, v in enumerate(("netlink", "netlink-nofilter", "ebpf"))
+                ],
+            )
+        if "idle" in only or "scale" in only:
+            owners = spawn_owners(sizes.idle_owners)
+            try:
+                empty = _fresh(os.path.join(work, "empty"))
+                if "idle" in only:
+                    section(
+                        "idle",
+                        lambda: idle.run(
+                            engine, owners, sizes.idle_per_owner, sizes.idle_seconds, empty
+                        ),
+                    )
+                if "scale" in only:
+                    section("scale", lambda: _scale(engine, owners, sizes, work, empty))
+            finally:
+                end_owners(owners)
+                engine.clean()
+    finally:
+        engine.close()
+        shutil.rmtree(work, ignore_errors=True)
+    results["duration_s"] = round(time.monotonic() - begun, 1)
+    results["targets"] = report.targets(results)
+    return results
+
+
+def _scale(engine: Engine, owners: list, sizes: Sizes, work: str, empty: str) -> dict:
+    out = {"reconcile": scale.reconcile(engine, owners, sizes.reconcile_containers, empty)}
+    engine.clean()
+    out["startup_empty"] = scale.startup(engine, empty)
+    out["bulk"] = scale.bulk(engine, sizes.bulk_containers, empty)
+    root = _fresh(os.path.join(work, "workdirs"))
+    out["workdirs"] = scale.workdirs(engine, owners[0], sizes.workdirs, root)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for CI")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(SECTIONS)}")
+    parser.add_argument("--results", default=str(HERE / "results.json"))
+    parser.add_argument(
+        "--docs",
+        default=str(HERE.parent / "docs" / "benchmarks.md"),
+        help="the page to update; empty: leave it alone",
+    )
+    parser.add_argument(
+        "--engine-dir",
+        default="/tmp/exitwatch-bench",
+        help="the private Docker engine's directory (kept short)",
+    )
+    parser.add_argument(
+        "--bindir",
+        default=str(HERE.parent / "build" / "bench"),
+        help="where forkloop and cnfloor were built",
+    )
+    args = parser.parse_args(argv)
+    for prog in ("forkloop", "cnfloor"):
+        if not os.access(os.path.join(args.bindir, prog), os.X_OK):
+            parser.error(f"{args.bindir}/{prog} is missing: build it with `make bench-bins`")
+    if os.geteuid() != 0:
+        parser.error("run as root: the agent, the engine and the proc connector need it")
+    results = run(args, args.results + ".partial")
+    os.unlink(args.results + ".partial")
+    Path(args.results).write_text(json.dumps(results, indent=2) + "\n")
+    print(report.table(results))
+    if args.docs:
+        report.update_docs(results, Path(args.docs), os.path.relpath(args.results, HERE.parent))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""4. Scale: the agent's start-up reconcile (time to its "ready:" line) against listing the
+same containers or finding the same markers; and a bulk reap against `docker rm -f`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+from bench import stats
+from bench.engine import Destroyed, Engine
+from bench.procs import Agent, Runner, end_owners, spawn_owners
+from exitwatch.contract import LABEL_OWNER, MARKER
+
+RUNS = 3  # alternated runs of ours and the baseline; the median of each is reported
+DEADLINE = 300.0
+
+
+def _timed(argv: list[str], env: dict[str, str] | None = None) -> float:
+    at = time.monotonic()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+    return time.monotonic() - at
+
+
+def _ready(engine: Engine, roots: list[str]) -> tuple[float, int]:
+    with Agent("auto", engine.host, roots) as agent:
+        return agent.wait_ready(DEADLINE), agent.watching()
+
+
+def _compare(ours: list[float], base: list[float]) -> dict:
+    return {
+        "ours_s": [round(x, 3) for x in ours],
+        "baseline_s": [round(x, 3) for x in base],
+        "ours_median_s": round(stats.median(ours), 3),
+        "baseline_median_s": round(stats.median(base), 3),
+        "ratio": stats.ratio(stats.median(ours), stats.median(base)),
+    }
+
+
+def reconcile(engine: Engine, owners: list[Runner], total: int, empty_root: str) -> dict:
+    """Tops the engine up to `total` labelled containers of the live `owners`, then times
+    the agent's start-up against `docker ps -a --filter label=exitwatch.owner`."""
+    missing = total - engine.count()
+    if missing > 0:
+        per = -(-missing // len(owners))
+        made = engine.create_for([o.owner for o in owners], per)
+        extra = [c for ids in made.values() for c in ids][missing:]
+        engine.remove(extra)
+    ours, base, watching = [], [], 0
+    ps = ["docker", "ps", "-a", "--filter", f"label={LABEL_OWNER}"]
+    for _ in range(RUNS):
+        took, watching = _ready(engine, [empty_root])
+        ours.append(took)
+        base.append(_timed(ps, engine.env()))
+    return {"containers": engine.count(), "watching": watching} | _compare(ours, base)
+
+
+def startup(engine: Engine, empty_root: str) -> dict:
+    """The agent's time to "ready:" with nothing to list: the fixed cost in the others."""
+    return {"ours_s": [round(_ready(engine, [empty_root])[0], 3) for _ in range(RUNS)]}
+
+
+def bulk(engine: Engine, n: int, empty_root: str) -> dict:
+    """Two live owners with `n` containers each: the baseline removes one's with
+    `docker rm -f $(docker ps -aq --filter ...)`, the agent reaps the other's when it dies.
+    Both are timed to the last destroy event."""
+    owners = spawn_owners(2)
+    try:
+        made = engine.create_for([o.owner for o in owners], n)
+        ours_ids, base_ids = made[owners[0].owner], made[owners[1].owner]
+        destroyed = Destroyed(engine)
+        try:
+            with Agent("auto", engine.host, [empty_root]) as agent:
+                agent.wait_ready(DEADLINE)
+                label = f"label={LABEL_OWNER}={owners[1].owner}"
+                at = time.monotonic()
+                subprocess.run(
+                    ["bash", "-c", f'docker rm -f $(docker ps -aq --filter "{label}")'],
+                    env=engine.env(),
+                    stdout=subprocess.DEVNULL,
+                    check=True,
+                )
+                base_ok = destroyed.wait(base_ids, DEADLINE)
+                base_s = max(destroyed.seen[c] for c in base_ids) - at if base_ok else None
+                at = owners[0].kill()
+                ours_ok = destroyed.wait(ours_ids, DEADLINE)
+                ours_s = max(destroyed.seen[c] for c in ours_ids) - at if ours_ok else None
+        finally:
+            destroyed.close()
+    finally:
+        end_owners(owners)
+        engine.clean()
+    out: dict = {"containers": n, "ours_s": _r(ours_s), "baseline_s": _r(base_s)}
+    out["ours_per_s"] = round(n / ours_s, 1) if ours_s else None
+    out["baseline_per_s"] = round(n / base_s, 1) if base_s else None
+    out["throughput_ratio"] = stats.ratio(out["ours_per_s"], out["baseline_per_s"])
+    return out
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def workdirs(engine: Engine, owner: Runner, n: int, root: str, depth: int = 3) -> dict:
+    """`n` marked dirs of one live owner, 1,000 per parent (ROOT/dI/wJ/MARKER); the
+    agent's time to "ready:" against `find ROOT -maxdepth 3 -name MARKER`."""
+    body = json.dumps({"owner": str(owner.owner)}).encode()
+    for i in range(n):
+        parent = os.path.join(root, f"d{i // 1000}")
+        if i % 1000 == 0:
+            os.mkdir(parent)
+        path = os.path.join(parent, f"w{i}")
+        os.mkdir(path)
+        fd = os.open(os.path.join(path, MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, body)
+        os.close(fd)
+    ours, base, watching = [], [], 0
+    find = ["find", root, "-maxdepth", str(depth), "-name", MARKER]
+    for _ in range(RUNS):
+        took, watching = _ready(engine, [root])
+        ours.append(took)
+        base.append(_timed(find))
+    return {"dirs": n, "watching": watching} | _compare(ours, base)

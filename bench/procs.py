@@ -33,11 +33,21 @@ class AgentFailed(RuntimeError):
     """The agent exited, or did not get ready in time; the message ends with its last words."""
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (all its threads), in seconds."""
+def cpu_seconds(pid: int | str) -> float:
+    """utime + stime of the whole process (all its threads), in seconds; or of one thread,
+    given as "PID/task/TID"."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def thread_of(pid: int, comm: str) -> str | None:
+    """ "PID/task/TID" of the thread of `pid` the kernel knows as `comm`, if there is one."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            if f.read().strip() == comm:
+                return f"{pid}/task/{tid}"
+    return None
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -55,7 +65,7 @@ class CpuMeter:
     """CPU seconds a process used between `begin` and `end`. Sampled in the background too,
     so a process that dies early still has its last reading."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int | str) -> None:
         self.pid = pid
         self.exited_early = False
         self._first = cpu_seconds(pid)

@@ -124,6 +124,8 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
             ),
             ("storm", f"{v}: agent / floor", str(r["agent_vs_floor"])),
         ]
+        if r.get("reader_vs_floor") is not None:
+            out.append(("storm", f"{v}: reader thread / floor", str(r["reader_vs_floor"])))
         if r.get("forkstat_vs_agent") is not None:
             out.append(("storm", f"{v}: forkstat / agent", str(r["forkstat_vs_agent"])))
         if r.get("floor_reader"):

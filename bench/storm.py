@@ -13,7 +13,15 @@ import time
 from bench import stats
 from bench.engine import Destroyed, Engine
 from bench.gone import Gone
-from bench.procs import LOST, Agent, AgentFailed, CpuMeter, end_owners, spawn_owners
+from bench.procs import (
+    LOST,
+    Agent,
+    AgentFailed,
+    CpuMeter,
+    end_owners,
+    spawn_owners,
+    thread_of,
+)
 from exitwatch.contract import mark_workdir
 
 LATE_MS = 2000.0
@@ -67,6 +75,10 @@ def run(
             )
         time.sleep(0.5)  # let the readers subscribe before the storm starts
         meters = {"agent": CpuMeter(agent.pid)} | {k: CpuMeter(p.pid) for k, p in readers.items()}
+        # The source's reader thread alone: the agent's total also pays for the removals.
+        reader = thread_of(agent.pid, f"ew-{source}")
+        if reader is not None:
+            meters["reader"] = CpuMeter(reader)
         bpf_before = _bpf_prog_stats(agent.pid) if source == "ebpf" else None
         lost_before = agent.count(LOST)
         for m in meters.values():
@@ -106,6 +118,7 @@ def run(
     }
     per = result["cpu_s_per_100k_exits"]
     result["agent_vs_floor"] = stats.ratio(per["agent"], per.get("floor"))
+    result["reader_vs_floor"] = stats.ratio(per.get("reader"), per.get("floor"))
     result["forkstat_vs_agent"] = stats.ratio(per.get("forkstat"), per["agent"])
     return result
 

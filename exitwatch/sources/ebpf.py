@@ -23,7 +23,7 @@ import time
 
 from exitwatch import procfs
 from exitwatch.owner import Owner, current_boot_id, death
-from exitwatch.sources.base import Emit, Exit, Lost, Source, SourceError
+from exitwatch.sources.base import Emit, Exit, Lost, Source, SourceError, name_os_thread
 from exitwatch.sources.libbpf import Libbpf, SampleFn
 
 log = logging.getLogger(__name__)
@@ -274,6 +274,7 @@ class EbpfSource(Source):
         return 0
 
     def _run(self, emit: Emit) -> None:
+        name_os_thread(f"ew-{self.name}")
         assert self._lib is not None
         lib = self._lib
         poller = select.epoll()

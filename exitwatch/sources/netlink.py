@@ -20,7 +20,7 @@ from collections.abc import Container
 
 from exitwatch import procfs
 from exitwatch.owner import Owner
-from exitwatch.sources.base import Emit, Exit, Lost, Source, SourceError
+from exitwatch.sources.base import Emit, Exit, Lost, Source, SourceError, name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ RCVBUF_ENV = "EXITWATCH_NETLINK_RCVBUF"
 RECV_SIZE = 16 * 1024
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
+STOP_DEADLINE = 1.0  # the agent stops within 2 s of SIGTERM
+NLMSG_NOOP = 1
 
 _NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, port id
 _CN_MSG = struct.Struct("=IIIIHH")  # idx, val, seq, ack, len, flags
@@ -186,7 +188,8 @@ class NetlinkSource(Source):
         # `tgid in self._pids`, which is safe against concurrent updates under the GIL.
         self._pids: dict[int, int] = {}
         self._lock = threading.Lock()
-        self._wake = -1  # eventfd that stop() writes to; the reader polls it with the socket
+        self._wake = -1  # eventfd that stop() writes to, for the reader's backoff sleeps
+        self._sock: socket.socket | None = None  # the one the reader blocks on now
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -219,12 +222,19 @@ class NetlinkSource(Source):
             if self._stopped:
                 return
             self._stopped = True
+            sock = self._sock
         if self._thread is not None:
             os.eventfd_write(self._wake, 1)
-            self._thread.join()
-            os.close(self._wake)
+            if sock is not None:
+                _poke(sock)
+            self._thread.join(STOP_DEADLINE)
+            if self._thread.is_alive():
+                log.warning("netlink reader did not stop within %.0f s", STOP_DEADLINE)
+            else:
+                os.close(self._wake)
 
     def _run(self, sock: socket.socket, emit: Emit) -> None:
+        name_os_thread(f"ew-{self.name}")
         delay = BACKOFF_MIN
         gap: str | None = None
         while True:
@@ -267,39 +277,46 @@ class NetlinkSource(Source):
 
     def _serve(self, sock: socket.socket, emit: Emit) -> None:
         """Read until stop() is called. Raises OSError for anything but ENOBUFS."""
+        with self._lock:
+            self._sock = sock
+            if self._stopped:
+                return
         buf = bytearray(RECV_SIZE)
         recv_into = sock.recv_into
         watched = self._pids
-        wake = self._wake
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        poller.register(wake, select.POLLIN)
-        poll = poller.poll
-        dontwait = socket.MSG_DONTWAIT
-        # One recv per wakeup: exits mostly come one at a time, and draining until EAGAIN
-        # would add a failed recv and an exception to each. poll() returns at once when
-        # more is queued, and it sees stop() between any two datagrams.
+        # One blocking recv per datagram, as the C floor does: a poll() beside it would
+        # double the system calls per exit. stop() wakes it with a datagram of its own.
         while True:
-            for fd, _ in poll():
-                if fd == wake:
-                    return
             try:
-                n = recv_into(buf, 0, dontwait)
-            except BlockingIOError:
-                continue
+                n = recv_into(buf)
             except OSError as err:
                 if err.errno != errno.ENOBUFS:
                     raise
                 self.lost += 1
                 emit(Lost("netlink receive buffer overflowed (ENOBUFS)"))
                 continue
+            if self._stopped:
+                return
             self.events_seen += 1
             deliver(buf, n, watched, emit)
 
     def _close(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = None
         try:
             sock.send(control_message(PROC_CN_MCAST_IGNORE, self.exit_only))
         except OSError as err:
             # The socket may be what failed; closing it is all that matters now.
             log.debug("netlink unsubscribe failed: %s", err)
         sock.close()
+
+
+def _poke(sock: socket.socket) -> None:
+    """Wake a reader blocked on `sock` with a no-op datagram, sent from a socket of our own
+    to its port: netlink lets one user-space socket unicast to another."""
+    try:
+        port = sock.getsockname()[0]
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR) as poker:
+            poker.sendto(_NLMSG.pack(NLMSG_HDRLEN, NLMSG_NOOP, 0, 0, 0), (port, 0))
+    except OSError as err:  # the reader's socket just failed: it wakes on its own
+        log.debug("netlink: cannot wake the reader: %s", err)

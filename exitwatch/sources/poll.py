@@ -12,7 +12,7 @@ import time
 
 from exitwatch import procfs
 from exitwatch.owner import Owner, death
-from exitwatch.sources.base import Emit, Exit, Source
+from exitwatch.sources.base import Emit, Exit, Source, name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class PollSource(Source):
             self._thread.join()
 
     def _run(self, emit: Emit) -> None:
+        name_os_thread(f"ew-{self.name}")
         while not self._stop.wait(self.interval):
             try:
                 self._check(emit)

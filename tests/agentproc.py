@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker.errors
@@ -109,6 +110,17 @@ class Agent:
                 self.proc.wait()
 
 
+@contextlib.contextmanager
+def running(engine, root: Path, log: Path, source: str = "netlink") -> Iterator[Agent]:
+    """An agent following `source` for workdirs under `root`, ready, stopped afterwards."""
+    agent = Agent(agent_argv(source, engine.host, root), log)
+    try:
+        agent.wait_log("ready:")
+        yield agent
+    finally:
+        agent.stop()
+
+
 def container(engine, pid=None, labels=None) -> str:
     """A running `sleep infinity` container owned by `pid`; its id.
 
@@ -130,6 +142,18 @@ def exists(engine, cid: str) -> bool:
     return True
 
 
+# A deadline for a correct agent on a loaded 2-core machine, not a measure of its speed.
+GONE_DEADLINE = 30.0
+
+
 def wait_gone(engine, cids=(), paths=()) -> None:
-    wait_for(lambda: not any(exists(engine, c) for c in cids), what=f"containers {cids} gone")
-    wait_for(lambda: not any(p.exists() for p in paths), what=f"workdirs {paths} gone")
+    wait_for(
+        lambda: not any(exists(engine, c) for c in cids),
+        timeout=GONE_DEADLINE,
+        what=f"containers {cids} gone",
+    )
+    wait_for(
+        lambda: not any(p.exists() for p in paths),
+        timeout=GONE_DEADLINE,
+        what=f"workdirs {paths} gone",
+    )

@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
+import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,3 +150,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "engine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture
+def workroot() -> Iterator[Path]:
+    """A fresh workdir root of the test's own under /tmp (short: socket paths live there)."""
+    root = Path(tempfile.mkdtemp(prefix="exitwatch-root-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves a thread running (a source or a kind it did not stop)."""
+    before = set(threading.enumerate())
+    yield
+    left = [t.name for t in set(threading.enumerate()) - before]
+    assert not left, f"threads left running: {left}"

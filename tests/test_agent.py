@@ -3,11 +3,9 @@ real signals, a real Docker engine and real directories."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -30,13 +28,6 @@ from procs import (
 )
 
 SOURCES = ["ebpf", "netlink", "poll"]
-
-
-@pytest.fixture
-def workroot():
-    root = Path(tempfile.mkdtemp(prefix="exitwatch-e2e-", dir="/tmp"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from test_workdirs import SYSTEM_PYTHON, as_user, digest
 from exitwatch.contract import MARKER
 from exitwatch.owner import Owner, owner_of
 
-from agentproc import Agent, agent_argv
+from agentproc import Agent, running
 from procs import wait_for
 
 # The attacker and the victim tree of the workdir tests, as fixtures here too.
@@ -75,12 +75,8 @@ def root() -> Iterator[Path]:
 
 @pytest.fixture
 def agent(engine, root, tmp_path) -> Iterator[Agent]:
-    proc = Agent(agent_argv("netlink", engine.host, root), tmp_path / "agent.log")
-    try:
-        proc.wait_log("ready:")
+    with running(engine, root, tmp_path / "agent.log") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def outcome(agent: Agent, path: Path) -> str:

@@ -20,7 +20,10 @@ from procs import wait_for
 
 # A missing object is a broken build, not an unusable host: let the tests fail on it.
 REASON = ebpf.probe() if os.path.exists(ebpf.OBJ_PATH) else None
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF unusable here: {REASON}")
+pytestmark = [
+    pytest.mark.skipif(REASON is not None, reason=f"eBPF unusable here: {REASON}"),
+    pytest.mark.usefixtures("no_leaked_threads"),
+]
 
 
 class Hints:
@@ -42,13 +45,6 @@ class Hints:
     def kernel_exits(self, pid: int) -> list[Exit]:
         """Hints from the program itself (they carry a start time), not from watch()."""
         return [h for h in self.exits(pid) if h.starttime is not None]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_threads():
-    yield
-    left = [t.name for t in threading.enumerate() if t.name.startswith("exitwatch-")]
-    assert not left, f"threads left running: {left}"
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -24,13 +22,6 @@ from exitwatch.sources.netlink import RCVBUF_ENV
 
 from agentproc import Agent, agent_argv, container, exists, wait_gone
 from procs import fork_storm, kill, reap, spawn_owner, wait_for
-
-
-@pytest.fixture
-def workroot() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="exitwatch-faults-", dir="/tmp"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from exitwatch.config import ConfigError, load
 from exitwatch.contract import LABEL_OWNER, MARKER, MARKER_MAX_BYTES
 from exitwatch.owner import Owner, OwnerError, current_boot_id, owner_of
 
-from agentproc import Agent, agent_argv, container, exists, wait_gone
+from agentproc import Agent, container, exists, running, wait_gone
 from procs import kill, spawn_owner
 
 EXAMPLES = settings(
@@ -60,20 +60,9 @@ def _owner_texts() -> st.SearchStrategy[str]:
 
 
 @pytest.fixture
-def workroot() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="exitwatch-fuzz-", dir="/tmp"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
 def agent(engine, workroot, tmp_path) -> Iterator[Agent]:
-    proc = Agent(agent_argv("netlink", engine.host, workroot), tmp_path / "agent.log")
-    try:
-        proc.wait_log("ready:")
+    with running(engine, workroot, tmp_path / "agent.log") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -37,11 +37,7 @@ class Hints:
         return [h for h in list(self.all) if isinstance(h, Lost)]
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_threads():
-    before = set(threading.enumerate())
-    yield
-    assert set(threading.enumerate()) <= before, "a source thread outlived its test"
+pytestmark = pytest.mark.usefixtures("no_leaked_threads")
 
 
 @pytest.fixture

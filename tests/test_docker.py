@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -15,7 +16,7 @@ import pytest
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
-from exitwatch.resources.docker import Containers, EngineError
+from exitwatch.resources.docker import Containers, EngineError, json_array
 
 from conftest import PrivateEngine
 from procs import kill, spawn_owner, wait_for
@@ -383,3 +384,17 @@ def test_dry_run_leaves_a_compose_project_whole(
     assert all(o.ok and "dry run" in o.detail for o in outcomes)
     assert project_containers(engine, project) == before
     assert project_networks(engine, project) == [f"{project}_inner"]
+
+
+def test_json_array_yields_items_whatever_the_chunk_boundaries():
+    items = [{"Id": str(n), "Names": ["/é-ü-" + "x" * n]} for n in range(50)]
+    body = json.dumps(items, ensure_ascii=False).encode()
+    for size in (1, 2, 3, 7, 64, len(body)):
+        chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        assert list(json_array(chunks)) == items
+    assert list(json_array([b"[", b"]"])) == []
+
+
+def test_json_array_says_when_the_listing_is_cut_short():
+    with pytest.raises(ValueError, match="before its closing bracket"):
+        list(json_array([b'[{"Id": "a"}, {"Id": "b']))

@@ -3,11 +3,13 @@ that takes a compose project as a whole."""
 
 from __future__ import annotations
 
+import codecs
 import functools
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,6 +37,7 @@ STOP_DEADLINE = 1.0  # the agent stops within 2 s of SIGTERM; the thread is a da
 SINCE_MARGIN_NS = 100_000_000
 
 # What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
+LISTING_CHUNK = 64 * 1024
 ENGINE_ERRORS = (DockerException, RequestException, HTTPError, OSError, ValueError)
 
 
@@ -81,7 +84,20 @@ class Engine:
         self._client().ping()
 
     def containers(self, label: str) -> list[dict[str, Any]]:
-        return self._client().containers(all=True, filters={"label": label})
+        return list(self.each_container(label))
+
+    def each_container(self, label: str) -> Iterator[dict[str, Any]]:
+        """The containers with `label`, decoded one at a time as the listing streams in. A
+        host with thousands would otherwise hold the whole listing at once, as text and as
+        objects, and the process would keep that high-water mark for good."""
+        api = self._client()
+        params = {"all": 1, "filters": json.dumps({"label": [label]})}
+        response = api._get(api._url("/containers/json"), params=params, stream=True)
+        try:
+            api._raise_for_status(response)
+            yield from json_array(response.iter_content(LISTING_CHUNK))
+        finally:
+            response.close()
 
     def events(self, since: str) -> Any:
         """Create and destroy events of labelled containers, as a closable iterator."""
@@ -102,6 +118,29 @@ class Engine:
             if self._api is not None:
                 self._api.close()
                 self._api = None
+
+
+def json_array(chunks: Iterable[bytes]) -> Iterator[Any]:
+    """The items of a JSON array arriving in chunks, each as soon as it is whole."""
+    decoder = json.JSONDecoder()
+    text = codecs.getincrementaldecoder("utf-8")()
+    buf = ""
+    for chunk in chunks:
+        buf += text.decode(chunk)
+        pos = 0
+        while True:
+            # Between items: the opening bracket, commas and white space.
+            while pos < len(buf) and buf[pos] in "[, \t\r\n":
+                pos += 1
+            if buf.startswith("]", pos):
+                return
+            try:
+                item, pos = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                break  # not whole yet
+            yield item
+        buf = buf[pos:]
+    raise ValueError(f"the listing ended before its closing bracket: {buf[:80]!r}")
 
 
 def _kept(labels: dict[str, str]) -> bool:
@@ -141,7 +180,7 @@ def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
 
 
 def _snapshot(engine: Engine) -> Snapshot:
-    listed = engine.containers(LABEL_OWNER)
+    listed = engine.each_container(LABEL_OWNER)
     found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
     return Snapshot("container", tuple(r for r in found if r is not None))
 

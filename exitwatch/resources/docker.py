@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
-WORKERS = 8  # parallel removals
+WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
 ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
 RETRY_PAUSE = 0.2
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream

@@ -7,6 +7,7 @@ import heapq
 import itertools
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 
 ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
-RESYNC_DELAY = 0.1
+RESYNC_DELAY = 0.1  # the longest a lost exit waits for its re-check while hints pour in
+STOP_PARTS_DEADLINE = 1.0  # of the 2 s from SIGTERM to exit; the drain gets the rest
 
 
 @dataclass(frozen=True)
@@ -136,11 +138,19 @@ class Agent:
         finally:
             self._stopped = True
             self._refuse_questions()
-            for kind in self.kinds.values():
-                kind.stop()
-            if self.source is not None:
-                self.source.stop()
+            self._stop_parts()
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _stop_parts(self) -> None:
+        """Stop the source and the kinds side by side: each may take up to its own deadline
+        to join its thread, and one after another they would overrun the shutdown budget."""
+        parts = [*self.kinds.values(), *([self.source] if self.source else [])]
+        stoppers = [threading.Thread(target=p.stop, daemon=True) for p in parts]
+        for stopper in stoppers:
+            stopper.start()
+        deadline = time.monotonic() + STOP_PARTS_DEADLINE
+        for stopper in stoppers:
+            stopper.join(max(0.0, deadline - time.monotonic()))
 
     def _refuse_questions(self) -> None:
         """Answer what is still queued for the loop, so no asker waits out its timeout."""
@@ -182,26 +192,30 @@ class Agent:
             item = None
         if self._watchdog is not None:
             self._watchdog()
-        now = time.monotonic()
-        while self._retries and self._retries[0][0] <= now:
-            self._start(heapq.heappop(self._retries)[2])
         if item is _STOP:
             return False
-        if item is not None:
-            try:
+        # Whatever one item or one owner does, the loop (and every retry with it) goes on.
+        try:
+            self._due(time.monotonic())
+            if item is not None:
                 self._handle(item)
-            except Exception:  # one bad item must not end the loop and every retry with it
-                log.exception("handling %s failed", type(item).__name__)
-        # A storm can overflow the buffer many times a second: re-check once, when the
-        # queue is drained or at most RESYNC_DELAY after the first loss.
+        except Exception:
+            log.exception("handling %s failed", type(item).__name__)
+        return True
+
+    def _due(self, now: float) -> None:
+        """Start the retries that are due, and the re-check of every owner once hints were
+        lost: when the queue is drained, or RESYNC_DELAY after the first loss at the latest
+        (a storm can overflow the buffer many times a second and keep the queue busy)."""
+        while self._retries and self._retries[0][0] <= now:
+            self._start(heapq.heappop(self._retries)[2])
         if self._resync_since is not None and (
-            item is None or now - self._resync_since >= RESYNC_DELAY
+            self._queue.empty() or now - self._resync_since >= RESYNC_DELAY
         ):
             self._resync_since = None
             self.recorder.count("resyncs")
             for owner in self.index.owners():
                 self._confirm(owner, now)
-        return True
 
     def _handle(self, item: object) -> None:
         match item:

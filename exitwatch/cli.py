@@ -164,12 +164,14 @@ def agent(config_path: str | None, **flags: object) -> None:
     while True:
         try:
             abandoned = service.run(STOP_DEADLINE)
+            # The stop that ended this run is handled; from here on a SIGTERM or SIGHUP
+            # sets its flag and stops the next run at once.
+            service.rearm()
         except (ConfigError, SourceError, StatusError, MetricsError) as err:
             raise click.ClickException(str(err)) from None
         if stopping.is_set() or not reload.is_set():
             break
         reload.clear()
-        service.rearm()  # a SIGTERM or SIGHUP from here on stops the next run at once
         try:
             service.config = _config(config_path, **flags)
             log.info("config reloaded: %s", service.config.describe())

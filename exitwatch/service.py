@@ -110,9 +110,8 @@ class Service:
             agent.run()
             self.notifier.send("STOPPING=1")
             # No one is served while the removals under way finish: they get the time.
-            for close in reversed(closers):
-                close()
-            closers.clear()
+            while closers:
+                closers.pop()()
             left = max(0.0, deadline - (time.monotonic() - self._stop_at))
             abandoned = agent.drain(left)
             if abandoned:
@@ -122,8 +121,8 @@ class Service:
             return abandoned
         finally:
             self._agent = None
-            for close in reversed(closers):
-                close()
+            while closers:
+                closers.pop()()
             if audit is not None:
                 audit.close()
 

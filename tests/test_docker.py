@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -395,6 +396,15 @@ def test_json_array_yields_items_whatever_the_chunk_boundaries():
     assert list(json_array([b"[", b"]"])) == []
 
 
-def test_json_array_says_when_the_listing_is_cut_short():
-    with pytest.raises(ValueError, match="before its closing bracket"):
-        list(json_array([b'[{"Id": "a"}, {"Id": "b']))
+@pytest.mark.parametrize(
+    ("chunks", "why"),
+    [
+        ([b'[{"Id": "a"}, {"Id": "b'], 'before its closing bracket: \'{"Id": "b\''),
+        ([b'{"Id": "a"}]'], "not a JSON array"),
+        ([b"[1", b"23]"], "non-object"),
+        ([b'[{"Id": "a"}, [{"Id": "b"}]]'], "non-object"),
+    ],
+)
+def test_json_array_refuses_what_is_not_a_whole_listing(chunks, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        list(json_array(chunks))

@@ -31,13 +31,15 @@ WORKERS = 16  # parallel removals: dockerd, not the client, should be what limit
 ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
 RETRY_PAUSE = 0.2
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
-STOP_DEADLINE = 1.0  # the agent stops within 2 s of SIGTERM; the thread is a daemon
+STOP_DEADLINE = 1.0  # the events thread's share of the agent's 2 s; it is a daemon
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
 SINCE_MARGIN_NS = 100_000_000
 
-# What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
+# Read size for the container listing: some twenty containers' worth at a time, so its
+# decoding never holds much more than one chunk and the item being built.
 LISTING_CHUNK = 64 * 1024
+# What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
 ENGINE_ERRORS = (DockerException, RequestException, HTTPError, OSError, ValueError)
 
 
@@ -120,20 +122,29 @@ class Engine:
                 self._api = None
 
 
-def json_array(chunks: Iterable[bytes]) -> Iterator[Any]:
-    """The items of a JSON array arriving in chunks, each as soon as it is whole."""
+def json_array(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON array of objects arriving in chunks, each as soon as it is
+    whole. Raises ValueError for anything else, or for a listing cut short."""
     decoder = json.JSONDecoder()
     text = codecs.getincrementaldecoder("utf-8")()
-    buf = ""
+    buf, opened = "", False
     for chunk in chunks:
         buf += text.decode(chunk)
         pos = 0
         while True:
-            # Between items: the opening bracket, commas and white space.
-            while pos < len(buf) and buf[pos] in "[, \t\r\n":
+            while pos < len(buf) and buf[pos] in ", \t\r\n":
                 pos += 1
-            if buf.startswith("]", pos):
+            if pos == len(buf):
+                break
+            if not opened:
+                if buf[pos] != "[":
+                    raise ValueError(f"the listing is not a JSON array: {buf[pos:][:80]!r}")
+                opened, pos = True, pos + 1
+                continue
+            if buf[pos] == "]":
                 return
+            if buf[pos] != "{":
+                raise ValueError(f"the listing holds a non-object: {buf[pos:][:80]!r}")
             try:
                 item, pos = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 KIND = "workdir"
 # Children of a dead owner may still be writing into its workdir: empty it this many times.
 REMOVE_PASSES = 3
-STOP_DEADLINE = 1.0  # the agent stops within 2 s of SIGTERM
+STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
 
 
 class MarkerError(ValueError):
@@ -223,7 +223,9 @@ class Workdirs(ResourceKind):
     # Removal
 
     def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        if death(owner) is None:  # checked again just before anything is deleted
+        # The agent judged the owner on its own thread a moment ago; as for containers,
+        # nothing is deleted on a verdict that is not this one's.
+        if death(owner) is None:
             why = f"its owner {owner} is alive"
             return [
                 Outcome(f"workdir {printable(r.key)}", KIND, ok=False, detail=why, refused=True)

@@ -42,7 +42,7 @@ RCVBUF_ENV = "EXITWATCH_NETLINK_RCVBUF"
 RECV_SIZE = 16 * 1024
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
-STOP_DEADLINE = 1.0  # the agent stops within 2 s of SIGTERM
+STOP_DEADLINE = 1.0  # the reader's share of the agent's 2 s from SIGTERM to exit
 NLMSG_NOOP = 1
 
 _NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, port id
@@ -317,6 +317,8 @@ def _poke(sock: socket.socket) -> None:
     try:
         port = sock.getsockname()[0]
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR) as poker:
-            poker.sendto(_NLMSG.pack(NLMSG_HDRLEN, NLMSG_NOOP, 0, 0, 0), (port, 0))
-    except OSError as err:  # the reader's socket just failed: it wakes on its own
+            # Never wait: a full receive queue means the reader has datagrams to wake it.
+            noop = _NLMSG.pack(NLMSG_HDRLEN, NLMSG_NOOP, 0, 0, 0)
+            poker.sendto(noop, socket.MSG_DONTWAIT, (port, 0))
+    except OSError as err:  # the reader's socket just failed, or is full: it wakes anyway
         log.debug("netlink: cannot wake the reader: %s", err)

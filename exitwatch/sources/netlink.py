@@ -285,7 +285,9 @@ class NetlinkSource(Source):
         recv_into = sock.recv_into
         watched = self._pids
         # One blocking recv per datagram, as the C floor does: a poll() beside it would
-        # double the system calls per exit. stop() wakes it with a datagram of its own.
+        # double the system calls per exit. stop() wakes it with a datagram of its own;
+        # only CAP_NET_ADMIN may unicast to a connector socket, and a forged exit is a hint
+        # that /proc must confirm anyway.
         while True:
             try:
                 n = recv_into(buf)

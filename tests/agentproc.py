@@ -69,6 +69,18 @@ class Agent:
         """The value this agent was given for option `name`."""
         return self.argv[self.argv.index(name) + 1]
 
+    def wait_holding(self, pid: int, containers: int = 0, workdirs: int = 0) -> None:
+        """Wait until the agent's index holds this many resources of the owner `pid`."""
+
+        def held() -> bool:
+            mine = [o for o in self.status()["owners"] if o["pid"] == pid]
+            return bool(mine) and (len(mine[0]["containers"]), len(mine[0]["workdirs"])) == (
+                containers,
+                workdirs,
+            )
+
+        wait_for(held, timeout=30, what=f"the agent to hold owner {pid}'s resources")
+
     def status(self) -> dict:
         """What `exitwatch status --json` says of this agent."""
         done = subprocess.run(

@@ -60,11 +60,20 @@ def test_sigkilled_owner_loses_its_container_and_workdir(engine, start_agent, wo
     owner = spawn_owner()
     cid = container(engine, owner.pid)
     path = workdir(workroot, owner.pid)
-    kill(owner, signal.SIGKILL)
+    kill(owner, signal.SIGKILL)  # at once: the agent may learn of the workdir after the death
     wait_gone(engine, [cid], [path])
-    agent.wait_log("reaped container")
+
+    # An owner the agent held before its death: the exit event tells how it died.
+    held = spawn_owner()
+    held_cid = container(engine, held.pid)
+    agent.wait_holding(held.pid, containers=1)
+    kill(held, signal.SIGKILL)
+    wait_gone(engine, [held_cid])
+    needle = f"reaped container {held_cid[:12]}"
+    agent.wait_log(needle)
+    line = next(line for line in agent.text().splitlines() if needle in line)
     if source != "poll":  # polling learns the wait status only if it sees the zombie
-        assert "death='killed by SIGKILL" in agent.text()
+        assert "death='killed by SIGKILL" in line
 
 
 @pytest.mark.parametrize("source", SOURCES)

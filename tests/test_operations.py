@@ -180,6 +180,9 @@ def test_audit_log_records_removals_and_refusals(engine, run_agent, root):
     # A marker owned by another user than its directory's: never acted on.
     foreign = workdir(root, owner.pid, "foreign")
     os.chown(foreign / ".exitwatch-owner", 65534, 65534)
+
+    # Seen before its death, the owner's death is told by the exit event, with its signal.
+    agent.wait_holding(owner.pid, containers=1, workdirs=2)
     kill(owner)
     wait_gone(engine, [cid], [path])
 
@@ -287,6 +290,7 @@ def test_json_log_lines(engine, run_agent):
     agent = run_agent("--log-format", "json")
     owner = spawn_owner()
     cid = container(engine, owner.pid)
+    agent.wait_holding(owner.pid, containers=1)
     kill(owner)
     wait_gone(engine, [cid])
     agent.wait_log('"event": "reaped"')

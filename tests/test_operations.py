@@ -71,11 +71,8 @@ def test_status_of_a_running_agent(engine, run_agent, root):
     cid = container(engine, owner.pid)
     path = workdir(root, owner.pid, "held")
 
-    def shows_owner() -> dict | None:
-        doc = json.loads(status(agent, "--json").stdout)
-        return doc if any(o["pid"] == owner.pid and o["workdirs"] for o in doc["owners"]) else None
-
-    doc = wait_for(shows_owner, what="status to list the owner with its workdir")
+    agent.wait_holding(owner.pid, containers=1, workdirs=1)
+    doc = agent.status()
     assert {"schema", "agent", "docker", "owners", "pending", "reaps", "counters"} <= set(doc)
     assert doc["agent"]["source"] == "netlink"
     assert doc["agent"]["source_reason"].startswith("netlink: self-test passed")

@@ -89,6 +89,8 @@ def test_status_of_a_running_agent(engine, run_agent, root):
 
     kill(owner)
     wait_gone(engine, [cid], [path])
+    # Recorded just after the engine and the file system say they are gone.
+    wait_for(lambda: len(agent.status()["reaps"]) == 2, what="both removals recorded")
     done = status(agent)
     assert done.returncode == 0
     assert "source:   netlink" in done.stdout
@@ -311,8 +313,8 @@ def test_engine_restart_shows_in_status_and_catches_up(engine, run_agent):
     kill(owner)  # dies while the engine is down
     engine.start()
     wait_gone(engine, [cid])
-    doc = json.loads(status(agent, "--json").stdout)
-    assert doc["docker"]["connected"] and doc["docker"]["reconnects"] >= 1
+    wait_for(lambda: agent.status()["docker"]["connected"], what="the engine followed again")
+    assert agent.status()["docker"]["reconnects"] >= 1
     assert agent.alive()
 
 
@@ -337,8 +339,10 @@ def test_status_socket_ignores_what_clients_send_and_survives_ones_that_never_re
         kill(owner)
         wait_gone(engine, [cid])
         assert exists(engine, kept)
-        doc = json.loads(status(agent, "--json").stdout)
-        assert doc["counters"]["reaped_container"] == 1
+        wait_for(
+            lambda: agent.status()["counters"].get("reaped_container") == 1,
+            what="the removal counted",
+        )
     finally:
         for s in hostile:
             s.close()

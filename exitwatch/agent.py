@@ -197,10 +197,13 @@ class Agent:
         # Whatever one item or one owner does, the loop (and every retry with it) goes on.
         try:
             self._due(time.monotonic())
-            if item is not None:
-                self._handle(item)
         except Exception:
-            log.exception("handling %s failed", type(item).__name__)
+            log.exception("starting the retries or the re-check that are due failed")
+        if item is not None:
+            try:
+                self._handle(item)
+            except Exception:
+                log.exception("handling %s failed", type(item).__name__)
         return True
 
     def _due(self, now: float) -> None:

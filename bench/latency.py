@@ -4,7 +4,6 @@ kind of container on request."""
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import time
@@ -12,8 +11,7 @@ import time
 from bench import stats
 from bench.engine import Destroyed, Engine
 from bench.gone import Gone
-from bench.procs import Agent, AgentFailed, end_owners, spawn_owners
-from exitwatch.contract import mark_workdir
+from bench.procs import Agent, AgentFailed, end_owners, marked_dirs, spawn_owners
 
 DEADLINE = 10.0  # seconds for one removal to be seen; past it the trial counts as missed
 
@@ -25,12 +23,7 @@ def run(engine: Engine, source: str, trials: int, root: str, poll_interval: floa
     made = engine.create_for([o.owner for o in owners], 1, start=True)
     floor_api = engine.create(trials, start=True)
     floor_cli = engine.create(trials, start=True)
-    dirs = []
-    for i, o in enumerate(owners):
-        path = os.path.join(root, f"{source}-{i}")
-        os.mkdir(path)
-        mark_workdir(path, o.proc.pid)
-        dirs.append(path)
+    dirs = marked_dirs(root, owners, source)
     destroyed, gone = Destroyed(engine), Gone()
     agent = Agent(source, engine.host, [root], poll_interval if source == "poll" else None)
     result: dict = {"source": source, "trials": trials}

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from exitwatch.contract import mark_workdir
 from exitwatch.owner import Owner, owner_of
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -222,6 +223,17 @@ class Runner:
 
 def spawn_owners(n: int) -> list[Runner]:
     return [Runner.spawn() for _ in range(n)]
+
+
+def marked_dirs(root: str, owners: list[Runner], prefix: str) -> list[str]:
+    """A workdir under `root` for each owner, marked as the runner contract says."""
+    dirs = []
+    for i, o in enumerate(owners):
+        path = os.path.join(root, f"{prefix}-{i}")
+        os.mkdir(path)
+        mark_workdir(path, o.proc.pid)
+        dirs.append(path)
+    return dirs
 
 
 def end_owners(owners: list[Runner]) -> None:

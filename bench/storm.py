@@ -19,10 +19,10 @@ from bench.procs import (
     AgentFailed,
     CpuMeter,
     end_owners,
+    marked_dirs,
     spawn_owners,
     thread_of,
 )
-from exitwatch.contract import mark_workdir
 
 LATE_MS = 2000.0
 DEADLINE = 10.0  # seconds after the storm for the last reaps to be seen
@@ -44,12 +44,7 @@ def run(
     source = "netlink" if variant.startswith("netlink") else variant
     owners = spawn_owners(n_owners)
     made = engine.create_for([o.owner for o in owners], 1)
-    dirs = []
-    for i, o in enumerate(owners):
-        path = os.path.join(root, f"storm-{variant}-{i}")
-        os.mkdir(path)
-        mark_workdir(path, o.proc.pid)
-        dirs.append(path)
+    dirs = marked_dirs(root, owners, f"storm-{variant}")
     destroyed, gone = Destroyed(engine), Gone()
     for d in dirs:
         gone.add(d)

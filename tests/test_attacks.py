@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import test_workdirs
-from test_workdirs import SYSTEM_PYTHON, as_user, digest
+from test_workdirs import as_user, digest, swapping_as
 
 from exitwatch.contract import MARKER
 from exitwatch.owner import Owner, owner_of
@@ -193,14 +193,7 @@ def test_workdir_swapped_for_a_symlink_during_removal(agent, root, victim, attac
         # The bait: the victim, too, carries this owner's marker.
         (victim / MARKER).write_text(json.dumps({"owner": str(owner.owner)}))
         before = digest(victim)
-        swapper = as_user(
-            attacker,
-            f'exec {SYSTEM_PYTHON} -I -S -c "$1" "$2" "$3"',
-            _SWAPPER,
-            str(wd),
-            str(victim),
-            stdout=subprocess.PIPE,
-        )
+        swapper = swapping_as(attacker, _SWAPPER, wd, victim)
         try:
             assert swapper.stdout is not None and swapper.stdout.readline().strip()
             owner.kill()

@@ -111,6 +111,13 @@ def as_user(user: pwd.struct_passwd, script: str, *args: str, **popen: Any) -> s
     return subprocess.Popen(["setpriv", *ids, "/bin/sh", "-c", script, "sh", *args], **popen)
 
 
+def swapping_as(user: pwd.struct_passwd, swapper: str, wd: Path, victim: Path) -> subprocess.Popen:
+    """The Python script `swapper` (argv: WD VICTIM) run as `user` on Debian's python3,
+    swapping things under `wd` for symlinks to `victim`; its stdout is a pipe."""
+    script = f'exec {SYSTEM_PYTHON} -I -S -c "$1" "$2" "$3"'
+    return as_user(user, script, swapper, str(wd), str(victim), stdout=subprocess.PIPE)
+
+
 def run_as(user: pwd.struct_passwd, script: str, *args: str) -> None:
     proc = as_user(user, script, *args)
     assert proc.wait(timeout=30) == 0, f"{script!r} failed as {user.pw_name}"
@@ -763,14 +770,7 @@ def test_remove_survives_an_attacker_swapping_symlinks_in_a_loop(
             str(wd),
             body,
         )
-        swapper = as_user(
-            attacker,
-            f'exec {SYSTEM_PYTHON} -I -S -c "$1" "$2" "$3"',
-            _SWAPPER,
-            str(wd),
-            str(victim),
-            stdout=subprocess.PIPE,
-        )
+        swapper = swapping_as(attacker, _SWAPPER, wd, victim)
         try:
             # Only once the swaps are under way does the removal race them.
             assert swapper.stdout is not None and swapper.stdout.readline() == b"swapping\n"

@@ -82,9 +82,12 @@ def _config(config_path: str | None, **flags: object) -> Config:
     return config
 
 
-def _checked(make: Callable[[Config], list], config: Config) -> list:
+def _kinds(config: Config) -> list:
+    """The resource kinds (containers first), or one line saying why the config is bad."""
+    from exitwatch.service import make_kinds
+
     try:
-        return make(config)
+        return make_kinds(config)
     except ConfigError as err:
         raise click.ClickException(str(err)) from None
 
@@ -197,9 +200,8 @@ def reap(config_path: str | None, **flags: object) -> None:
     logs.setup(config.log_format)
     from exitwatch.agent import Agent
     from exitwatch.resources.docker import EngineError
-    from exitwatch.service import make_kinds
 
-    kinds = _checked(make_kinds, config)
+    kinds = _kinds(config)
     problem = kinds[0].ping()
     if problem is not None:
         raise click.ClickException(problem)
@@ -247,10 +249,9 @@ def _scan(config: Config) -> dict:
     from exitwatch.index import Index
     from exitwatch.owner import death
     from exitwatch.resources.docker import EngineError
-    from exitwatch.service import make_kinds
 
     index = Index()
-    kinds = _checked(make_kinds, config)
+    kinds = _kinds(config)
     docker = {"endpoint": kinds[0].host, "connected": True}
     for kind in kinds:
         try:

@@ -16,6 +16,7 @@ from exitwatch.config import Config, ConfigError
 from exitwatch.record import Recorder
 from exitwatch.resources.base import ResourceKind
 from exitwatch.resources.docker import Containers
+from exitwatch.resources.hooks import Hooks
 from exitwatch.resources.workdirs import Workdirs
 from exitwatch.sources import pick
 from exitwatch.status import SCHEMA, StatusServer
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def make_kinds(config: Config) -> list[ResourceKind]:
-    """The resource kinds, containers first.
+    """The resource kinds, containers first (the CLI and status take it for the engine).
 
     Raises ConfigError for an engine that is not a local socket (DOCKER_HOST may name
     one): owners of another host carry another boot id, which reads as "rebooted".
@@ -36,7 +37,8 @@ def make_kinds(config: Config) -> list[ResourceKind]:
             "docker_host: expected a local engine's unix:// socket (owners are processes of "
             f"this host), got {containers.host!r}"
         )
-    return [containers, Workdirs(config.workdir_roots, config.workdir_depth)]
+    workdirs = Workdirs(config.workdir_roots, config.workdir_depth)
+    return [containers, workdirs, Hooks(config.hook_dir)]
 
 
 class Service:

@@ -1,0 +1,394 @@
+"""On-death hooks: files in a spool, each naming an owner and a command. "Removing" one is
+running its command as the file's owner, and deleting the file once it succeeded.
+
+The spool is one flat directory, root's, mode 1733 like /tmp: anyone may add a file, only
+its writer may remove it, and no one but root may list it. A hook runs as whoever owns its
+file, so writing a hook gives no one more rights than they have. A file that is not
+exactly what on_death() writes is refused with a warning, and never runs.
+
+A hook runs at least once: the file goes only after its command succeeded, so an agent
+that dies between the two runs the hook again at its next start. Hooks should therefore
+tolerate finding their resource gone already (a DELETE that answers 404, say).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import pwd
+import select
+import shlex
+import stat
+import threading
+from dataclasses import dataclass, replace
+
+from exitwatch.contract import HOOK_MAX_BYTES, HOOK_SUFFIX, hook_problem
+from exitwatch.owner import Owner, OwnerError, death
+from exitwatch.resources import fsops, hookrun
+from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.resources.fsops import printable
+
+log = logging.getLogger(__name__)
+
+KIND = "hook"
+SPOOL_MODE = 0o1733
+POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
+STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
+_SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
+_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class HookError(ValueError):
+    """A hook file that is refused; the message says why."""
+
+
+@dataclass(frozen=True)
+class Hook(Resource):
+    """A hook file as it was read: who owns the file, which file it was, what it runs."""
+
+    uid: int = -1
+    ino: int = 0
+    dev: int = 0
+    argv: tuple[str, ...] = ()
+
+
+def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
+    """The hook in file `name` of the spool, its decoded body, and the file's descriptor
+    (the caller closes it). Raises FileNotFoundError when it is gone, HookError when it
+    is refused."""
+    try:
+        fd = os.open(name, _OPEN, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise HookError("is a symlink") from None
+        if err.errno == errno.ENOENT:
+            raise
+        raise HookError(f"cannot be opened: {err.strerror}") from None
+    try:
+        st = check_file(fd)
+        data = os.read(fd, HOOK_MAX_BYTES + 1)
+        if len(data) > HOOK_MAX_BYTES:
+            raise HookError(f"is larger than {HOOK_MAX_BYTES} bytes")
+        try:
+            body = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise HookError("is not UTF-8 JSON") from None
+        problem = hook_problem(body)
+        if problem is not None:
+            raise HookError(problem)
+        try:
+            owner = Owner.parse(body["owner"])
+        except OwnerError as err:
+            raise HookError(f"names a bad owner: {err}") from None
+        try:
+            pwd.getpwuid(st.st_uid)
+        except KeyError:
+            raise HookError(f"belongs to uid {st.st_uid}, which has no passwd entry") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    argv = tuple(body["argv"])
+    hook_id = name.removesuffix(HOOK_SUFFIX)
+    shown = printable(f"{hook_id}: {shlex.join(argv)}"[:200])
+    hook = Hook(KIND, name, owner, shown, None, st.st_uid, st.st_ino, st.st_dev, argv)
+    return hook, body, fd
+
+
+def check_file(fd: int) -> os.stat_result:
+    """The stat of an open hook file, or HookError for one that must not run."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise HookError(f"is {fsops.file_type(st.st_mode)}, not a regular file")
+    if st.st_nlink != 1:
+        raise HookError(f"has {st.st_nlink} links, not 1")
+    if st.st_mode & 0o022:
+        raise HookError(f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+    return st
+
+
+def ensure_spool(path: str) -> None:
+    """Create the spool (root's, mode 1733) if it is missing; raise HookError for one that
+    others could tamper with: not a root-owned directory, or writable by others without
+    the sticky bit (which alone keeps one user from removing another's hooks)."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+        os.chmod(path, SPOOL_MODE)  # past the umask
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        raise HookError("is not a directory owned by root")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise HookError(f"has mode {stat.S_IMODE(st.st_mode):04o}: writable, not sticky")
+
+
+class _Spool:
+    """The hooks in the spool, read again only when a file changed. One per thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: dict[str, tuple[tuple[int, ...], Hook | None]] = {}
+        self._unlistable = False
+
+    def list(self) -> dict[str, Hook]:
+        try:
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as err:
+            if not self._unlistable and err.errno != errno.ENOENT:
+                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
+            self._unlistable = True
+            return {}
+        try:
+            return self._list(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _list(self, dir_fd: int) -> dict[str, Hook]:
+        seen, found = {}, {}
+        try:
+            names = os.listdir(dir_fd)
+        except OSError as err:
+            if not self._unlistable:
+                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
+            self._unlistable = True
+            return {}
+        self._unlistable = False
+        for name in names:
+            if name.startswith("."):  # a hook being written
+                continue
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            sig = (st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)
+            old = self._seen.get(name)
+            hook = old[1] if old is not None and old[0] == sig else self._read(dir_fd, name)
+            seen[name] = (sig, hook)
+            if hook is not None:
+                found[name] = hook
+        self._seen = seen
+        return found
+
+    def _read(self, dir_fd: int, name: str) -> Hook | None:
+        where = printable(os.path.join(self.path, name))
+        if not name.endswith(HOOK_SUFFIX):
+            log.warning("hook file %s: refused: its name does not end in %s", where, HOOK_SUFFIX)
+            return None
+        try:
+            hook, _, fd = read_hook(dir_fd, name)
+        except FileNotFoundError:
+            return None
+        except HookError as err:
+            log.warning("hook file %s: refused: it %s", where, err)
+            return None
+        os.close(fd)
+        return hook
+
+
+class Hooks(ResourceKind):
+    """The hooks in one spool directory."""
+
+    kind = KIND
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread: threading.Thread | None = None
+        self._stop_r = self._stop_w = -1
+
+    def scan(self) -> Snapshot:
+        found = _Spool(self.path).list()
+        return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
+
+    def start(self, notify: Notify) -> None:
+        try:
+            ensure_spool(self.path)
+        except (OSError, HookError) as err:
+            why = err.strerror if isinstance(err, OSError) else str(err)
+            log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
+            notify(Snapshot(KIND, ()))
+            return
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(
+            target=self._follow, args=(notify,), name="exitwatch-hooks", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        os.write(self._stop_w, b"x")
+        self._thread.join(STOP_DEADLINE)
+        if not self._thread.is_alive():
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+        self._thread = None
+
+    def _follow(self, notify: Notify) -> None:
+        """A Snapshot, then Found and Gone as the spool changes: any event in it makes it
+        be listed again (files that did not change are not read again)."""
+        spool = _Spool(self.path)
+        known: dict[str, Hook] | None = None
+        ino = None
+        try:
+            ino = fsops.Inotify()
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                ino.watch(dir_fd, self.path, 0)
+            finally:
+                os.close(dir_fd)
+            log.info("following hooks in %s with inotify", printable(self.path))
+        except OSError as err:
+            log.warning(
+                "hook discovery falls back to rescans every %gs: %s",
+                POLL_INTERVAL,
+                err.strerror or err,
+            )
+            if ino is not None:
+                ino.close()
+            ino = None
+        try:
+            while True:
+                found = spool.list()
+                if known is None:
+                    notify(Snapshot(KIND, tuple(found[n] for n in sorted(found))))
+                else:
+                    for name in known.keys() - found.keys():
+                        notify(Gone(KIND, name))
+                    for name, hook in found.items():
+                        if known.get(name) != hook:
+                            notify(Found(hook))
+                known = found
+                stop, gone = _wait(self._stop_r, ino)
+                if stop:
+                    return
+                if gone and ino is not None:
+                    log.warning(
+                        "hook spool %s was removed or moved; rescanning every %gs",
+                        printable(self.path),
+                        POLL_INTERVAL,
+                    )
+                    ino.close()
+                    ino = None
+        finally:
+            if ino is not None:
+                ino.close()
+
+    # Running ("removal")
+
+    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        return self.reap(owner, resources, dry_run, death(owner) or "")
+
+    def reap(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
+        # As for the other kinds: nothing runs on a verdict that is not this one's.
+        if death(owner) is None:
+            why = f"its owner {owner} is alive"
+            return [Outcome(_what(r), KIND, False, why, True, key=r.key) for r in resources]
+        try:
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as err:
+            why = f"failed: spool {printable(self.path)}: {err.strerror}"
+            return [Outcome(_what(r), KIND, False, why, key=r.key) for r in resources]
+        try:
+            # Each says which hook it is about, so that only the hooks that failed are retried.
+            return [
+                replace(self._run_one(dir_fd, owner, r, dry_run, how), key=r.key) for r in resources
+            ]
+        finally:
+            os.close(dir_fd)
+
+    def _run_one(
+        self, dir_fd: int, owner: Owner, res: Resource, dry_run: bool, how: str
+    ) -> Outcome:
+        what = _what(res)
+        try:
+            hook, body, fd = read_hook(dir_fd, res.key)
+        except FileNotFoundError:
+            return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
+        except HookError as err:
+            log.warning("%s: refused: it %s", what, err)
+            return Outcome(what, KIND, False, f"it {err}", refused=True)
+        try:
+            expected = (getattr(res, "dev", 0), getattr(res, "ino", 0), getattr(res, "uid", -1))
+            if (hook.dev, hook.ino, hook.uid) != expected:
+                return _refuse(what, "it was replaced since it was found")
+            if hook.owner != owner:
+                return _refuse(what, f"it now names owner {hook.owner}, not {owner}")
+            if dry_run:
+                return Outcome(what, KIND, True, "would run")
+            user = pwd.getpwuid(hook.uid)
+            env = hookrun.environment(user, body["env"])
+            env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
+            # The last look, through the descriptor: the file read is the file checked.
+            try:
+                st = check_file(fd)
+            except HookError as err:
+                return _refuse(what, f"it {err}")
+            if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
+                return _refuse(what, "it changed while being read")
+            ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])
+        except (KeyError, OSError) as err:
+            why = err.strerror if isinstance(err, OSError) else "its user vanished"
+            log.warning("%s: cannot run: %s", what, why)
+            return Outcome(what, KIND, False, f"failed to start: {why}", counts=("hook_failures",))
+        finally:
+            os.close(fd)
+        extra = {
+            "hook": {
+                "argv0": hook.argv[0],
+                "uid": hook.uid,
+                "returncode": ran.returncode,
+                "timed_out": ran.timed_out,
+                "seconds": round(ran.seconds, 3),
+                "output_tail": ran.tail,
+            }
+        }
+        counts = ["hook_runs"]
+        if not ran.ok:
+            counts.append("hook_timeouts" if ran.timed_out else "hook_failures")
+            log.warning("%s: %s; output: %r", what, ran.describe(), ran.tail[-200:])
+            return Outcome(
+                what, KIND, False, f"failed: {ran.describe()}", False, extra, tuple(counts)
+            )
+        # Gone before success is told: nothing that reads the outcome can run it again.
+        _unlink_same(dir_fd, res.key, hook)
+        return Outcome(what, KIND, True, f"ran: {ran.describe()}", False, extra, tuple(counts))
+
+    def health(self) -> dict:
+        return {"hook_dir": self.path}
+
+
+def _what(res: Resource) -> str:
+    return f"hook {res.name or res.key}"
+
+
+def _refuse(what: str, why: str) -> Outcome:
+    log.warning("%s: refused: %s", what, why)
+    return Outcome(what, KIND, False, why, refused=True)
+
+
+def _unlink_same(dir_fd: int, name: str, hook: Hook) -> None:
+    """Remove the hook's file if its name still leads to it (its owner may have put a new
+    hook in its place meanwhile, which is theirs to keep)."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == (hook.dev, hook.ino):
+            os.unlink(name, dir_fd=dir_fd)
+
+
+def _wait(stop_fd: int, ino: fsops.Inotify | None) -> tuple[bool, bool]:
+    """Wait for a change in the spool (or POLL_INTERVAL without inotify); whether to stop,
+    and whether the spool itself went (its watch with it)."""
+    poller = select.poll()
+    poller.register(stop_fd, select.POLLIN)
+    if ino is not None:
+        poller.register(ino.fd, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(None if ino is not None else POLL_INTERVAL * 1000)}
+    if stop_fd in ready:
+        return True, False
+    # Which file changed does not matter: the spool is listed again.
+    events = ino.read() if ino is not None else []
+    return False, any(mask & _SELF_GONE for _, mask, _ in events)

@@ -93,6 +93,11 @@ def hook_problem(body: object) -> str | None:
     return None
 
 
+def _open_spool() -> int:
+    # O_PATH: users may add and remove entries in the 1733 spool, not list it.
+    return os.open(hook_dir(), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
 def on_death(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -127,7 +132,7 @@ def on_death(
     if len(data) > HOOK_MAX_BYTES:
         raise ValueError(f"hook is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}")
     hook_id = secrets.token_hex(16)
-    dir_fd = os.open(hook_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = _open_spool()
     try:
         tmp = f".{hook_id}.tmp"  # dot names are never read as hooks
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -156,7 +161,7 @@ def cancel_hook(hook_id: str) -> bool:
     if not isinstance(hook_id, str) or not _HOOK_ID.fullmatch(hook_id):
         raise ValueError(f"{hook_id!r} is not a hook id (32 hex digits)")
     name = hook_id + HOOK_SUFFIX
-    dir_fd = os.open(hook_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = _open_spool()
     try:
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)

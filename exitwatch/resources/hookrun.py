@@ -70,7 +70,7 @@ def run_as(
 ) -> Ran:
     """Run `argv` as `user` (uid, primary gid, supplementary groups) with exactly `env`,
     in `cwd` as the user may reach it, stdin from /dev/null, in a new session. Raises
-    OSError when it cannot be started."""
+    OSError when it cannot be started, or not killed at its timeout."""
     groups = os.getgrouplist(user.pw_name, user.pw_gid)
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -101,8 +101,7 @@ def run_as(
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                _kill_group(proc.pid)
                 break
             for fd, _ in poller.poll(left * 1000):
                 if fd == pidfd:
@@ -119,12 +118,22 @@ def run_as(
         os.close(pidfd)
         proc.stdout.close()
         if proc.returncode is None:  # interrupted above: leave no hook running unwatched
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            with contextlib.suppress(OSError):
+                _kill_group(proc.pid)
+                proc.wait()
     seconds = time.monotonic() - started
     text = bytes(tail).decode("utf-8", "replace")
     return Ran(proc.returncode, timed_out, seconds, text)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the process group; OSError (EPERM without CAP_KILL) when it cannot be."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except OSError as err:
+        raise OSError(err.errno, f"cannot kill it at its timeout: {err.strerror}") from None
 
 
 def _read_into(fd: int, tail: bytearray) -> bool:

@@ -66,10 +66,12 @@ def hook_problem(body: object) -> str | None:
 
     The owner string is checked by its own parser; this is the rest of the shape."""
     if not isinstance(body, dict):
-        return "is not a JSON object"
+        return "it is not a JSON object"
     want = {"owner", "argv", "cwd", "env", "timeout", "created"}
-    if set(body) != want:
-        return f"has keys {sorted(body)}, expected {sorted(want)}"
+    if missing := sorted(want - body.keys()):
+        return f"it lacks {', '.join(missing)}"
+    if unknown := sorted(body.keys() - want):
+        return f"it has unknown keys {repr(unknown)[:100]}"
     argv, env, timeout = body["argv"], body["env"], body["timeout"]
     if not isinstance(body["owner"], str):
         return '"owner" is not a string'
@@ -127,7 +129,7 @@ def on_death(
     }
     problem = hook_problem(body)
     if problem is not None:
-        raise ValueError(f"hook {problem}")
+        raise ValueError(f"bad hook: {problem}")
     data = json.dumps(body).encode()
     if len(data) > HOOK_MAX_BYTES:
         raise ValueError(f"hook is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}")

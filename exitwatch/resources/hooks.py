@@ -65,30 +65,32 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
         fd = os.open(name, _OPEN, dir_fd=dir_fd)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise HookError("is a symlink") from None
+            raise HookError("it is a symlink") from None
         if err.errno == errno.ENOENT:
             raise
-        raise HookError(f"cannot be opened: {err.strerror}") from None
+        raise HookError(f"it cannot be opened: {err.strerror}") from None
     try:
         st = check_file(fd)
-        data = os.read(fd, HOOK_MAX_BYTES + 1)
+        data = b""
+        while len(data) <= HOOK_MAX_BYTES and (chunk := os.read(fd, HOOK_MAX_BYTES + 1)):
+            data += chunk
         if len(data) > HOOK_MAX_BYTES:
-            raise HookError(f"is larger than {HOOK_MAX_BYTES} bytes")
+            raise HookError(f"it is larger than {HOOK_MAX_BYTES} bytes")
         try:
             body = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
-            raise HookError("is not UTF-8 JSON") from None
+            raise HookError("it is not UTF-8 JSON") from None
         problem = hook_problem(body)
         if problem is not None:
             raise HookError(problem)
         try:
             owner = Owner.parse(body["owner"])
         except OwnerError as err:
-            raise HookError(f"names a bad owner: {err}") from None
+            raise HookError(f"it names a bad owner: {err}") from None
         try:
             pwd.getpwuid(st.st_uid)
         except KeyError:
-            raise HookError(f"belongs to uid {st.st_uid}, which has no passwd entry") from None
+            raise HookError(f"it belongs to uid {st.st_uid}, which has no passwd entry") from None
     except BaseException:
         os.close(fd)
         raise
@@ -103,11 +105,11 @@ def check_file(fd: int) -> os.stat_result:
     """The stat of an open hook file, or HookError for one that must not run."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise HookError(f"is {fsops.file_type(st.st_mode)}, not a regular file")
+        raise HookError(f"it is {fsops.file_type(st.st_mode)}, not a regular file")
     if st.st_nlink != 1:
-        raise HookError(f"has {st.st_nlink} links, not 1")
+        raise HookError(f"it has {st.st_nlink} links, not 1")
     if st.st_mode & 0o022:
-        raise HookError(f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+        raise HookError(f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
     return st
 
 
@@ -121,9 +123,9 @@ def ensure_spool(path: str) -> None:
         os.chmod(path, SPOOL_MODE)  # past the umask
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-        raise HookError("is not a directory owned by root")
+        raise HookError("it is not a directory owned by root")
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise HookError(f"has mode {stat.S_IMODE(st.st_mode):04o}: writable, not sticky")
+        raise HookError(f"it has mode {stat.S_IMODE(st.st_mode):04o}: writable, not sticky")
 
 
 class _Spool:
@@ -183,7 +185,7 @@ class _Spool:
         except FileNotFoundError:
             return None
         except HookError as err:
-            log.warning("hook file %s: refused: it %s", where, err)
+            log.warning("hook file %s: refused: %s", where, err)
             return None
         os.close(fd)
         return hook
@@ -317,8 +319,8 @@ class Hooks(ResourceKind):
         except FileNotFoundError:
             return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
         except HookError as err:
-            log.warning("%s: refused: it %s", what, err)
-            return Outcome(what, KIND, False, f"it {err}", refused=True)
+            log.warning("%s: refused: %s", what, err)
+            return Outcome(what, KIND, False, str(err), refused=True)
         try:
             expected = (getattr(res, "dev", 0), getattr(res, "ino", 0), getattr(res, "uid", -1))
             if (hook.dev, hook.ino, hook.uid) != expected:
@@ -334,7 +336,7 @@ class Hooks(ResourceKind):
             try:
                 st = check_file(fd)
             except HookError as err:
-                return _refuse(what, f"it {err}")
+                return _refuse(what, str(err))
             if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
                 return _refuse(what, "it changed while being read")
             ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])

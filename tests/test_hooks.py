@@ -149,7 +149,15 @@ def test_live_and_cancelled_owners_hooks_never_fire(start_agent, sandboxes, spoo
     wait_for(lambda: "dead" in sandboxes.deleted, DEADLINE, "the dead owner's DELETE")
     agent.wait_log("reaped hook")
     assert set(sandboxes.deleted) == {"dead"}
-    assert hooks_held(agent, live.pid)  # still waiting for its owner
+    [held] = hooks_held(agent, live.pid)  # still waiting for its owner
+    assert "curl -fsS -X DELETE" in held
+    text = subprocess.run(
+        [*agent.argv[:3], "status", "--status-socket", agent.flag("--status-socket")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert f"    hook {held}" in text
     kill(live)
     wait_for(lambda: "live" in sandboxes.deleted, DEADLINE, "the DELETE once it died")
     assert "cancelled" not in sandboxes.deleted
@@ -230,6 +238,11 @@ def test_a_users_hook_runs_as_that_user_and_no_more(start_agent, spool, attacker
         # Another user cannot take it away: the sticky bit, and cancel_hook's own check.
         with pytest.raises(PermissionError):
             cancel_hook(hook_id)
+        roots = on_death(["true"], pid=os.getpid())
+        meddle = as_user(attacker, 'ls "$1"; rm -f "$1/$2.json"', str(spool), roots)
+        assert meddle.wait(timeout=30) != 0
+        assert (spool / f"{roots}{HOOK_SUFFIX}").exists()
+        assert cancel_hook(roots)
         wait_for(lambda: hooks_held(agent, proc.pid), DEADLINE, "the agent to hold the hook")
         proc.kill()
         proc.wait()

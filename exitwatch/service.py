@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def make_kinds(config: Config) -> list[ResourceKind]:
-    """The resource kinds, containers first (the CLI and status take it for the engine).
+    """The resource kinds, containers first.
 
     Raises ConfigError for an engine that is not a local socket (DOCKER_HOST may name
     one): owners of another host carry another boot id, which reads as "rebooted".

@@ -14,7 +14,7 @@ class Resource:
     kind: str  # "container" | "workdir" | "hook"
     key: str  # container id, workdir path, or hook file name
     owner: Owner
-    name: str = ""  # for people: container name, or the path again
+    name: str = ""  # for people: container name, the path again, or a hook's id and command
     group: str | None = None  # compose project, where there is one
 
 

@@ -22,7 +22,7 @@ from test_workdirs import attacker as attacker  # the unprivileged user, as a fi
 
 from exitwatch import cancel_hook, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_SUFFIX
-from exitwatch.resources.hooks import ensure_spool
+from exitwatch.resources.hookfile import ensure_spool
 
 from agentproc import Agent, agent_argv
 from procs import kill, spawn_owner, wait_for

@@ -7,11 +7,13 @@ import grp
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -271,7 +273,10 @@ def _group_name(gid: int) -> str:
 def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(start_agent, spool, tmp_path):
     config = tmp_path / "config.toml"
     config.write_text("reap_attempts = 2\n")
-    agent = start_agent("--config", str(config))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = start_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
     count = tmp_path / "count"
     owner = spawn_owner()
     hook_id = on_death(["sh", "-c", f"echo try >> {count}; echo broke; exit 3"], pid=owner.pid)
@@ -297,6 +302,15 @@ def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(start_agen
     ).stdout
     assert "[attempt 2, given up]" in text and hook_id in text
     assert "exited with code 3" in agent.text() and "broke" in agent.text()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        metrics = r.read().decode()
+    for line in (
+        "exitwatch_hook_runs_total 2.0",
+        "exitwatch_hook_failures_total 2.0",
+        "exitwatch_hook_timeouts_total 0.0",
+        "exitwatch_removals_given_up_total 1.0",
+    ):
+        assert line in metrics, line
 
 
 def test_the_cli_registers_and_cancels(spool):
@@ -313,6 +327,14 @@ def test_the_cli_registers_and_cancels(spool):
         body = json.loads((spool / f"{hook_id}{HOOK_SUFFIX}").read_text())
         assert (body["argv"], body["env"], body["timeout"]) == (["true"], {"A": "b"}, 60.0)
         assert body["owner"].split(":")[1] == str(owner.pid)
+        # Without --pid the owner is the caller of the command, as for `exitwatch labels`.
+        mine = subprocess.run(
+            [*exitwatch, "on-death", "--", "true"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        body = json.loads((spool / f"{mine}{HOOK_SUFFIX}").read_text())
+        assert body["owner"].split(":")[1] == str(os.getpid())
+        assert body["cwd"] == os.getcwd()
+        assert cancel_hook(mine)
         subprocess.run([*exitwatch, "on-death", "--cancel", hook_id], check=True)
         assert not (spool / f"{hook_id}{HOOK_SUFFIX}").exists()
         again = subprocess.run(

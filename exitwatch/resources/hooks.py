@@ -273,9 +273,15 @@ class Hooks(ResourceKind):
             return Outcome(
                 what, KIND, False, f"failed: {ran.describe()}", False, extra, tuple(counts)
             )
+        detail = f"ran: {ran.describe()}"
         # Gone before success is told: nothing that reads the outcome can run it again.
-        _unlink_same(dir_fd, res.key, hook)
-        return Outcome(what, KIND, True, f"ran: {ran.describe()}", False, extra, tuple(counts))
+        try:
+            _unlink_same(dir_fd, res.key, hook)
+        except OSError as err:
+            # Not retried (it succeeded), but the file stays: the next start runs it again.
+            log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)
+            detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
+        return Outcome(what, KIND, True, detail, False, extra, tuple(counts))
 
     def health(self) -> dict:
         return {"hook_dir": self.path}

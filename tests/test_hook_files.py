@@ -76,8 +76,13 @@ def write(path: Path, content: dict | bytes, mode: int = 0o600) -> Path:
 
 def test_the_spool_is_made_roots_and_sticky_and_a_loose_one_is_refused(tmp_path):
     path = tmp_path / "spool" / "hooks"
-    ensure_spool(str(path))
+    umask = os.umask(0o077)  # the unit's
+    try:
+        ensure_spool(str(path))
+    finally:
+        os.umask(umask)
     assert (path.stat().st_uid, oct(path.stat().st_mode & 0o7777)) == (0, "0o1733")
+    assert oct(path.parent.stat().st_mode & 0o7777) == "0o755"
     loose = tmp_path / "loose"
     loose.mkdir(mode=0o777)
     os.chmod(loose, 0o777)

@@ -98,7 +98,10 @@ def ensure_spool(path: str) -> None:
     """Create the spool (root's, mode 1733) if it is missing; raise HookError for one that
     others could tamper with: not a root-owned directory, or writable by others without
     the sticky bit (which alone keeps one user from removing another's hooks)."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        os.chmod(parent, 0o755)  # users must reach the spool, whatever the umask (0077 in the unit)
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
         os.chmod(path, SPOOL_MODE)  # past the umask

@@ -283,9 +283,6 @@ class Hooks(ResourceKind):
             detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
         return Outcome(what, KIND, True, detail, False, extra, tuple(counts))
 
-    def health(self) -> dict:
-        return {"hook_dir": self.path}
-
 
 def _what(res: Resource) -> str:
     return f"hook {res.name or res.key}"

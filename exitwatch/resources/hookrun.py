@@ -88,10 +88,11 @@ def run_as(
     )
     assert proc.stdout is not None
     out = proc.stdout.fileno()
-    pidfd = os.pidfd_open(proc.pid)
+    pidfd = -1
     tail = bytearray()
     timed_out = False
     try:
+        pidfd = os.pidfd_open(proc.pid)  # readable once it has exited: no polling loop
         poller = select.poll()
         poller.register(out, select.POLLIN)
         poller.register(pidfd, select.POLLIN)
@@ -115,7 +116,8 @@ def run_as(
             while _read_into(out, tail):
                 pass
     finally:
-        os.close(pidfd)
+        if pidfd >= 0:
+            os.close(pidfd)
         proc.stdout.close()
         if proc.returncode is None:  # interrupted above: leave no hook running unwatched
             with contextlib.suppress(OSError):

@@ -4,6 +4,7 @@ and where a hook runs."""
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import logging
@@ -154,6 +155,20 @@ def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead, 
     child = int(pids.read_text())
     wait_for(lambda: state(child) in (None, "Z"), 30, "the hook's child to be killed")
     assert (spool / f"{1:032x}.json").exists()  # to be tried again
+
+
+def test_a_hook_locked_by_another_runner_is_left_to_it(spool, dead, tmp_path):
+    canary = tmp_path / "ran"
+    path = write(spool / f"{4:032x}.json", body(dead, ["touch", str(canary)]))
+    kind = Hooks(str(spool))
+    [hook] = kind.scan().resources
+    with path.open() as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as `exitwatch reap` running it would
+        [outcome] = kind.remove(dead, [hook], dry_run=False)
+    assert not outcome.ok and not outcome.refused and "another" in outcome.detail
+    assert not canary.exists()
+    [outcome] = kind.remove(dead, [hook], dry_run=False)
+    assert outcome.ok and canary.exists() and not path.exists()
 
 
 def test_a_live_owners_hook_is_refused_at_run_time(spool, tmp_path):

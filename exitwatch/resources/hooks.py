@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import pwd
@@ -242,6 +243,14 @@ class Hooks(ResourceKind):
             user = pwd.getpwuid(hook.uid)
             env = hookrun.environment(user, body["env"])
             env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
+            # `exitwatch reap` beside the agent: whoever locks the file runs it; the other
+            # tries again later, and finds it gone. The lock goes with the descriptor.
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return Outcome(what, KIND, False, "another exitwatch process is running it")
+            if os.fstat(fd).st_nlink == 0:  # the other ran it, and removed it, since we opened it
+                return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
             # The last look, through the descriptor: the file read is the file checked.
             try:
                 st = check_file(fd)
@@ -250,12 +259,15 @@ class Hooks(ResourceKind):
             if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
                 return _refuse(what, "it changed while being read")
             ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])
+            return self._ran(dir_fd, what, res.key, hook, ran)
         except (KeyError, OSError) as err:
             why = err.strerror if isinstance(err, OSError) else "its user vanished"
             log.warning("%s: cannot run: %s", what, why)
             return Outcome(what, KIND, False, f"failed: {why}", counts=("hook_failures",))
         finally:
-            os.close(fd)
+            os.close(fd)  # and with it the lock, once the file is gone (or kept for a retry)
+
+    def _ran(self, dir_fd: int, what: str, name: str, hook: Hook, ran: hookrun.Ran) -> Outcome:
         extra = {
             "hook": {
                 "argv0": hook.argv[0],
@@ -276,7 +288,7 @@ class Hooks(ResourceKind):
         detail = f"ran: {ran.describe()}"
         # Gone before success is told: nothing that reads the outcome can run it again.
         try:
-            _unlink_same(dir_fd, res.key, hook)
+            _unlink_same(dir_fd, name, hook)
         except OSError as err:
             # Not retried (it succeeded), but the file stays: the next start runs it again.
             log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 PARALLEL = 16  # hooks of one owner run at once
 STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
 
 
@@ -49,7 +50,7 @@ class _Spool:
 
     def list(self) -> dict[str, Hook]:
         try:
-            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            dir_fd = os.open(self.path, _DIR)
         except OSError as err:
             if not self._unlistable and err.errno != errno.ENOENT:
                 log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
@@ -75,7 +76,7 @@ class _Spool:
                 continue
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
+            except OSError:  # gone since the listing
                 continue
             sig = (st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)
             old = self._seen.get(name)
@@ -148,7 +149,7 @@ class Hooks(ResourceKind):
         ino = None
         try:
             ino = fsops.Inotify()
-            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            dir_fd = os.open(self.path, _DIR)
             try:
                 ino.watch(dir_fd, self.path, 0)
             finally:
@@ -165,7 +166,11 @@ class Hooks(ResourceKind):
             ino = None
         try:
             while True:
-                found = spool.list()
+                try:
+                    found = spool.list()
+                except Exception:  # it must not die, or no hook is seen again
+                    log.exception("listing the hook spool failed; trying again")
+                    found = known or {}
                 if known is None:
                     notify(Snapshot(KIND, tuple(found[n] for n in sorted(found))))
                 else:
@@ -203,7 +208,7 @@ class Hooks(ResourceKind):
             why = f"its owner {owner} is alive"
             return [Outcome(_what(r), KIND, False, why, True, key=r.key) for r in resources]
         try:
-            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            dir_fd = os.open(self.path, _DIR)
         except OSError as err:
             why = f"failed: spool {printable(self.path)}: {err.strerror}"
             return [Outcome(_what(r), KIND, False, why, key=r.key) for r in resources]

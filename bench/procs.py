@@ -104,6 +104,7 @@ class Agent:
     roots: list[str]
     poll_interval: float | None = None
     exit_filter: bool = True
+    hook_dir: str | None = None  # None: a spool of its own, empty
     lines: list[str] = field(default_factory=list)
     started: float = 0.0
     ready_at: float | None = None
@@ -130,6 +131,7 @@ class Agent:
         # host's own) holds the default socket, and the host's audit log is not ours.
         argv += ["--status-socket", os.path.join(self._state, "status.sock")]
         argv += ["--audit-log", os.path.join(self._state, "audit.jsonl")]
+        argv += ["--hook-dir", self.hook_dir or os.path.join(self._state, "hooks")]
         return argv
 
     def start(self) -> Agent:

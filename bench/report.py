@@ -60,6 +60,18 @@ def targets(results: dict) -> list[dict]:
         if v != "netlink-nofilter":
             _check(out, "storm", f"{v} agent CPU per exit / floor", r["agent_vs_floor"], "<=", 1.5)
         _check(out, "storm", "forkstat CPU per exit / agent", r["forkstat_vs_agent"], ">=", 3)
+    for r in s.get("hooks", []):
+        if "unavailable" not in r:
+            src = r["source"]
+            _check(
+                out,
+                "hooks",
+                f"{src} SIGKILL to hook overhead p95 ms",
+                r["overhead_ms"].get("p95"),
+                "<=",
+                20,
+            )
+            _check(out, "hooks", f"{src} missed", r["missed"], "<=", 0)
     if "idle" in s:
         _check(out, "idle", "agent CPU %", s["idle"]["cpu_pct"], "<", 0.5)
         _check(out, "idle", "agent RSS MB", s["idle"]["rss_mb"], "<", 60)

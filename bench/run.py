@@ -22,12 +22,12 @@ from pathlib import Path
 import docker
 import psutil
 
-from bench import idle, latency, report, scale, storm
+from bench import hooks, idle, latency, report, scale, storm
 from bench.engine import Engine
 from bench.procs import end_owners, spawn_owners
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("latency", "storm", "idle", "scale")
+SECTIONS = ("latency", "storm", "idle", "scale", "hooks")
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,8 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
             finally:
                 end_owners(owners)
                 engine.clean()
+        if "hooks" in only:
+            section("hooks", lambda: [hooks.run(engine, s, sizes.trials) for s in ("netlink",)])
     finally:
         engine.close()
         shutil.rmtree(work, ignore_errors=True)

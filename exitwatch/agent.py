@@ -57,7 +57,7 @@ class _Job:
 class _Done:
     token: int
     job: _Job
-    failed: bool
+    failed: tuple[Resource, ...]  # what is to be tried again; () when all went well
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,7 @@ class Agent:
         self._lost_unlogged = 0
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
         self._removing: set[tuple[str, str]] = set()  # (kind, key) of every job under way
+        self._given_up: dict[tuple[str, str], _Job] = {}  # shown in status until it is gone
         self._stopped = False
 
     # -- inputs ---------------------------------------------------------------------------
@@ -230,16 +231,21 @@ class Agent:
                 if self._resync_since is None:
                     self._resync_since = time.monotonic()
             case Found(resource=res):
+                self._given_up.pop((res.kind, res.key), None)
                 new, displaced = self.index.add(res)
                 if displaced is not None:
                     self._unwatch(displaced)
                 if new:
                     self._admit(res.owner)
             case Gone(kind=kind, key=key):
+                self._given_up.pop((kind, key), None)
                 emptied = self.index.discard(kind, key)
                 if emptied is not None:
                     self._unwatch(emptied)
             case Snapshot(kind=kind, resources=resources):
+                fresh = {(kind, r.key) for r in resources}
+                for key in [k for k in self._given_up if k[0] == kind and k not in fresh]:
+                    del self._given_up[key]
                 added, emptied = self.index.replace_kind(kind, resources)
                 for owner in emptied:
                     self._unwatch(owner)
@@ -251,8 +257,10 @@ class Agent:
                         log.info("ready: watching %d owners", len(self.index))
             case _Done(token=token, job=job, failed=failed):
                 del self._running[token]
-                if not (failed and self._retry(job)):
-                    self._removing.difference_update((r.kind, r.key) for r in job.resources)
+                done = [r for r in job.resources if r not in failed]
+                self._removing.difference_update((r.kind, r.key) for r in done)
+                if not (failed and self._retry(replace(job, resources=failed))):
+                    self._removing.difference_update((r.kind, r.key) for r in failed)
             case _Ask(fn=fn, answer=answer):
                 try:
                     answer.set_result(fn())
@@ -269,6 +277,7 @@ class Agent:
             heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
             return True
         self.recorder.count("gave_up")
+        self._given_up.update(((r.kind, r.key), job) for r in job.resources)
         log.error(
             "giving up on the %ss of %s after %d attempts; the next start or "
             "`exitwatch reap` tries again",
@@ -333,7 +342,7 @@ class Agent:
 
     def _reap(self, token: int, job: _Job) -> None:
         try:
-            outcomes = job.kind.remove(job.owner, list(job.resources), self.config.dry_run)
+            outcomes = job.kind.reap(job.owner, list(job.resources), self.config.dry_run, job.death)
         except Exception as err:  # a kind must not raise; if it does, report and retry
             log.exception("removing %s of %s failed", job.kind.kind, job.owner)
             what = f"{job.kind.kind}s of {job.owner}"
@@ -341,14 +350,22 @@ class Agent:
         latency = time.monotonic() - job.at
         for outcome in outcomes:
             self.recorder.outcome(job.owner, job.death, outcome, latency, self.config.dry_run)
-        failed = any(not o.ok and not o.refused for o in outcomes)
-        self._queue.put(_Done(token, job, failed))
+        failed = [o for o in outcomes if not o.ok and not o.refused]
+        # Only what failed is tried again, where each failure says which resource it is.
+        keys = {o.key for o in failed}
+        if "" in keys:
+            retry = job.resources if failed else ()
+        else:
+            retry = tuple(r for r in job.resources if r.key in keys)
+        self._queue.put(_Done(token, job, retry))
 
     # -- what status and metrics see (call through ask()) ---------------------------------
 
     def pending(self) -> list[dict]:
         items = [job.describe("removing") for _, job in self._running.values()]
         items += [job.describe("waiting to retry", due) for due, _, job in sorted(self._retries)]
+        given_up = {id(job): job for job in self._given_up.values()}
+        items += [job.describe("given up") for job in given_up.values()]
         return items
 
     def owners(self) -> list[dict]:
@@ -356,7 +373,11 @@ class Agent:
 
     def counters(self) -> dict[str, int]:
         counters = dict.fromkeys(
-            ("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"), 0
+            (
+                *("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"),
+                *("hook_runs", "hook_failures", "hook_timeouts"),
+            ),
+            0,
         )
         counters.update(self.recorder.counters())
         counters["exits_seen"] = self.source.events_seen if self.source else 0

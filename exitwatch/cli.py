@@ -1,4 +1,4 @@
-"""The command line: agent, reap, status, labels, mark."""
+"""The command line: agent, reap, status, labels, mark, on-death."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import click
 
 from exitwatch import __version__, logs, procfs
 from exitwatch.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
-from exitwatch.contract import ENV_OWNER, mark_workdir, owner_labels
+from exitwatch.contract import ENV_OWNER, cancel_hook, mark_workdir, on_death, owner_labels
 from exitwatch.owner import OwnerError
 
 log = logging.getLogger("exitwatch")
@@ -59,6 +59,11 @@ _status_socket = _option(
     "--status-socket",
     metavar="PATH",
     help=f"The agent's status socket [default: {Config.status_socket}].",
+)
+_hook_dir = _option(
+    "--hook-dir",
+    metavar="DIR",
+    help=f"The spool of on-death hooks [default: {Config.hook_dir}].",
 )
 _pid = click.option(
     "--pid",
@@ -128,6 +133,7 @@ def cli() -> None:
 @_roots
 @_depth
 @_docker_host
+@_hook_dir
 @_status_socket
 @_option(
     "--audit-log",
@@ -193,6 +199,7 @@ def agent(config_path: str | None, **flags: object) -> None:
 @_roots
 @_depth
 @_docker_host
+@_hook_dir
 def reap(config_path: str | None, **flags: object) -> None:
     """Reap once what dead owners hold now, then exit (no agent needed)."""
     _require_root("exitwatch reap")
@@ -218,6 +225,7 @@ def reap(config_path: str | None, **flags: object) -> None:
 @cli.command()
 @_config_path
 @_status_socket
+@_hook_dir
 @click.option("--json", "as_json", is_flag=True, help="The status as JSON (schema: README).")
 @click.option(
     "--since",
@@ -265,7 +273,8 @@ def _scan(config: Config) -> dict:
         if why is None:
             owners.append(entry)
         else:
-            held = [c["name"] for c in entry["containers"]] + entry["workdirs"]
+            held = [c["name"] for c in entry.pop("containers")] + entry.pop("workdirs")
+            held += [x for k, v in entry.items() if isinstance(v, list) for x in v]
             pending.append({"owner": entry["owner"], "death": why, "what": held})
     return {"schema": 1, "agent": None, "docker": docker, "owners": owners, "pending": pending}
 
@@ -323,6 +332,61 @@ def mark(directory: str, pid: int | None) -> None:
         raise click.ClickException(str(err)) from None
     except OSError as err:
         raise click.ClickException(f"cannot mark {directory}: {err.strerror}") from None
+
+
+@cli.command("on-death")
+@_pid
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, 86400, min_open=True),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="Kill the command (and its process group) after S seconds.",
+)
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set this for the command.")
+@click.option("--cancel", metavar="ID", help="Cancel the hook ID instead.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def on_death_cmd(
+    pid: int | None, timeout: float, env: tuple[str, ...], cancel: str | None, command: tuple
+) -> None:
+    """Run COMMAND as you once a process dies, however it dies (SIGKILL included); print
+    the hook's id. Spool: $EXITWATCH_HOOK_DIR, or /var/spool/exitwatch/hooks.
+
+    \b
+      exitwatch on-death -- curl -fsS -X DELETE https://api.example/sandboxes/42
+      exitwatch on-death --cancel ID
+    """
+    if cancel is not None:
+        if command or env or pid is not None:
+            raise click.UsageError("--cancel takes no command, --env or --pid")
+        try:
+            if not cancel_hook(cancel):
+                raise click.ClickException(f"no hook {cancel} (it ran, or was cancelled)")
+        except (ValueError, OSError) as err:
+            raise click.ClickException(_why(err)) from None
+        return
+    if not command:
+        raise click.UsageError("give the command to run after --, or --cancel ID")
+    pairs = {}
+    for item in env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--env")
+        pairs[name] = value
+    pid = _owning_pid(pid)
+    try:
+        click.echo(on_death(command, pid=pid, timeout=timeout, env=pairs))
+    except ProcessLookupError:
+        raise click.ClickException(f"no process with pid {pid}") from None
+    except (ValueError, OwnerError, OSError) as err:
+        raise click.ClickException(_why(err)) from None
+
+
+def _why(err: Exception) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return f"hook spool {err.filename or ''}: {err.strerror}"
+    return str(err)
 
 
 def _owning_pid(pid: int | None) -> int:

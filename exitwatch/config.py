@@ -36,6 +36,8 @@ class Config:
     """Removals run in parallel on this many threads."""
     reap_attempts: int = 3
     """A removal that fails is tried this many times in all, with growing delays."""
+    hook_dir: str = "/var/spool/exitwatch/hooks"
+    """The spool of on-death hooks (root's, mode 1733; the agent creates it)."""
     status_socket: str = "/run/exitwatch/exitwatch.sock"
     """The read-only unix socket that `exitwatch status` asks."""
     audit_log: str = "/var/lib/exitwatch/audit.jsonl"
@@ -67,6 +69,7 @@ class Config:
                 self.docker_host is None or self.docker_host.startswith("unix://"),
                 "a local engine's unix:// socket (owners are processes of this host)",
             ),
+            "hook_dir": (self.hook_dir.startswith("/"), "an absolute path"),
             "status_socket": (self.status_socket.startswith("/"), "an absolute path"),
             "audit_log": (
                 self.audit_log == "" or self.audit_log.startswith("/"),

@@ -1,9 +1,13 @@
-"""The runner contract: the label, the marker, and the two calls runners make."""
+"""The runner contract: the label, the marker, the hook spool, and the calls runners make."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
+import time
+from collections.abc import Mapping, Sequence
 
 from exitwatch.owner import owner_of
 
@@ -40,3 +44,137 @@ def mark_workdir(path: str | os.PathLike[str], pid: int | None = None) -> None:
         os.rename(tmp, MARKER, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
+
+
+# On-death hooks: a file per hook in a spool that only its writer (or root) can remove.
+HOOK_DIR = "/var/spool/exitwatch/hooks"
+ENV_HOOK_DIR = "EXITWATCH_HOOK_DIR"
+HOOK_MAX_BYTES = 64 * 1024
+HOOK_MAX_TIMEOUT = 24 * 3600.0
+HOOK_SUFFIX = ".json"
+_HOOK_ID = re.compile(r"[0-9a-f]{32}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def hook_dir() -> str:
+    """The spool the registering side writes to: EXITWATCH_HOOK_DIR, or the system's."""
+    return os.environ.get(ENV_HOOK_DIR) or HOOK_DIR
+
+
+def hook_problem(body: object) -> str | None:
+    """What is wrong with a hook file's decoded JSON, or None when it has the right shape.
+
+    The owner string is checked by its own parser; this is the rest of the shape."""
+    if not isinstance(body, dict):
+        return "it is not a JSON object"
+    want = {"owner", "argv", "cwd", "env", "timeout", "created"}
+    if missing := sorted(want - body.keys()):
+        return f"it lacks {', '.join(missing)}"
+    if unknown := sorted(body.keys() - want):
+        return f"it has unknown keys {repr(unknown)[:100]}"
+    argv, env, timeout = body["argv"], body["env"], body["timeout"]
+    if not isinstance(body["owner"], str):
+        return '"owner" is not a string'
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return '"argv" is not a non-empty list of strings'
+    if not argv[0] or any("\0" in a for a in argv):
+        return '"argv" has an empty command or a NUL character'
+    cwd = body["cwd"]
+    if not isinstance(cwd, str) or "\0" in cwd or (cwd and not cwd.startswith("/")):
+        return '"cwd" is not an absolute path or ""'
+    if not isinstance(env, dict) or not all(
+        isinstance(v, str) and "\0" not in v and _ENV_NAME.fullmatch(k) for k, v in env.items()
+    ):
+        return '"env" is not an object of NAME: "value" strings'
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return '"timeout" is not a number'
+    if not 0 < timeout <= HOOK_MAX_TIMEOUT:
+        return f'"timeout" is not in (0, {HOOK_MAX_TIMEOUT:g}] seconds'
+    if isinstance(body["created"], bool) or not isinstance(body["created"], int | float):
+        return '"created" is not a number'
+    return None
+
+
+def _open_spool() -> int:
+    # O_PATH: users may add and remove entries in the 1733 spool, not list it.
+    return os.open(hook_dir(), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def on_death(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    pid: int | None = None,
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Have the agent run `argv` once process `pid` (default: the calling one) is dead;
+    the hook's id, for cancel_hook().
+
+    The command runs as the calling user, in the current directory (or HOME, if that is
+    gone by then), with a minimal environment plus `env`, and is killed after `timeout`
+    seconds. Raises ValueError for a malformed hook, OSError when the spool is not
+    writable, ProcessLookupError when there is no process `pid`.
+    """
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:  # removed under us: HOME it is
+        cwd = ""
+    body = {
+        "owner": str(owner_of(pid)),
+        "argv": [os.fsdecode(a) for a in argv],
+        "cwd": cwd,
+        "env": dict(env or {}),
+        "timeout": timeout,
+        "created": round(time.time(), 3),
+    }
+    problem = hook_problem(body)
+    if problem is not None:
+        raise ValueError(f"bad hook: {problem}")
+    data = json.dumps(body).encode()
+    if len(data) > HOOK_MAX_BYTES:
+        raise ValueError(f"hook is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}")
+    hook_id = secrets.token_hex(16)
+    dir_fd = _open_spool()
+    try:
+        tmp = f".{hook_id}.tmp"  # dot names are never read as hooks
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, 0o600)  # the agent refuses a hook that others could rewrite
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)  # a crash of the host must not leave an empty hook behind
+        finally:
+            os.close(fd)
+        os.rename(tmp, hook_id + HOOK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    return hook_id
+
+
+def cancel_hook(hook_id: str) -> bool:
+    """Remove the hook `hook_id` (after a clean teardown); False if it was not there.
+
+    Only the user who registered a hook may cancel it: the spool's sticky bit enforces it
+    for others, and this check for root too. Raises ValueError for a malformed id and
+    PermissionError for another user's hook.
+    """
+    if not isinstance(hook_id, str) or not _HOOK_ID.fullmatch(hook_id):
+        raise ValueError(f"{hook_id!r} is not a hook id (32 hex digits)")
+    name = hook_id + HOOK_SUFFIX
+    dir_fd = _open_spool()
+    try:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if st.st_uid != os.geteuid():
+            raise PermissionError(f"hook {hook_id} belongs to uid {st.st_uid}, not to you")
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:  # ran (or cancelled) just now
+            return False
+    finally:
+        os.close(dir_fd)
+    return True

@@ -29,6 +29,12 @@ COUNTERS = {
     "exitwatch_removals_given_up_total": ("Removals abandoned after every attempt.", "gave_up"),
     "exitwatch_refusals_total": ("Resources a safety check left alone.", "refusals"),
     "exitwatch_engine_reconnects_total": ("Docker events stream reconnects.", "reconnects"),
+    "exitwatch_hook_runs_total": ("On-death hooks run (each attempt).", "hook_runs"),
+    "exitwatch_hook_failures_total": (
+        "On-death hook runs that failed to start or exited non-zero.",
+        "hook_failures",
+    ),
+    "exitwatch_hook_timeouts_total": ("On-death hooks killed at their timeout.", "hook_timeouts"),
 }
 GAUGES = {
     "exitwatch_owners_watched": ("Live owners holding resources.", "owners"),

@@ -88,8 +88,9 @@ class Recorder:
         with self._lock:
             self.recent.append(reap)
             self._counters[counter] += 1
+            self._counters.update(outcome.counts)
         if self.audit is not None:
-            self.audit.write(asdict(reap))
+            self.audit.write(asdict(reap) | ({"extra": outcome.extra} if outcome.extra else {}))
         log.log(
             level,
             "%s %s owner=%s death=%r latency_ms=%.1f result=%r",

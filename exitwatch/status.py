@@ -169,6 +169,9 @@ def _owner_lines(owner: dict) -> list[str]:
         project = f", project {c['project']}" if c.get("project") else ""
         lines.append(f"    container {c['id'][:12]} ({c['name']}{project})")
     lines.extend(f"    workdir {w}" for w in owner.get("workdirs", []))
+    for key, items in owner.items():  # kinds beyond these two, e.g. "hooks"
+        if key not in ("containers", "workdirs") and isinstance(items, list):
+            lines.extend(f"    {key.removesuffix('s')} {item}" for item in items)
     return lines
 
 

@@ -40,12 +40,19 @@ holding {"owner": "\fIowner\fR"} (see
 A container labelled
 .B exitwatch.keep=true
 is left alone.
+.PP
+For what it cannot remove itself (a remote sandbox, a tunnel), a runner leaves a command
+with
+.BR "exitwatch on\-death" :
+once the owner is dead, the agent runs it as the user who registered it, and deletes the
+hook once it exits 0.
 """
 
 FILES = [
     ("/etc/exitwatch/config.toml", "Agent settings (TOML); options on the command line win."),
     ("/var/lib/exitwatch/", "State directory: the audit log of removals and refusals."),
     ("/run/exitwatch/", "Runtime directory: the status socket."),
+    ("/var/spool/exitwatch/hooks/", "On-death hooks (mode 1733: anyone adds, only root lists)."),
     ("/lib/systemd/system/exitwatch.service", "The hardened systemd unit."),
 ]
 

@@ -25,7 +25,8 @@ def agent_argv(
     source: str, docker_host: str, *roots: Path, extra: tuple[str, ...] = ()
 ) -> list[str]:
     """The command line of an agent following `source`, with a short poll interval, and
-    its status socket and audit log in a fresh directory of its own (never the system's)."""
+    its status socket, audit log and hook spool in a fresh directory of its own (never the
+    system's)."""
     state = tempfile.mkdtemp(prefix="exitwatch-agent-", dir="/tmp")  # short: a socket path
     atexit.register(shutil.rmtree, state, True)
     argv = [
@@ -46,6 +47,8 @@ def agent_argv(
     ]
     for root in roots:
         argv += ["--workdir-root", str(root)]
+    if "--hook-dir" not in extra:
+        argv += ["--hook-dir", f"{state}/hooks"]
     return [*argv, *extra]
 
 

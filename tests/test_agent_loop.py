@@ -10,7 +10,7 @@ import pytest
 
 from exitwatch.agent import Agent
 from exitwatch.config import Config
-from exitwatch.resources.base import Found, Outcome, ResourceKind, Snapshot
+from exitwatch.resources.base import Found, Gone, Outcome, ResourceKind, Snapshot
 from exitwatch.resources.base import Resource as Res
 from exitwatch.sources.base import Lost
 
@@ -121,3 +121,30 @@ def test_questions_after_the_loop_stopped_fail_at_once():
     thread.join(10)
     with pytest.raises(TimeoutError, match="stopped"):
         agent.ask(agent.pending)
+
+
+class Keyed(Things):
+    """Fails the resources named in `failing`; each outcome names its resource."""
+
+    def __init__(self, failing: set[str]) -> None:
+        super().__init__()
+        self.failing = failing
+
+    def remove(self, owner, resources, dry_run) -> list[Outcome]:
+        self.calls.append([r.key for r in resources])
+        return [
+            Outcome(f"thing {r.key}", self.kind, r.key not in self.failing, key=r.key)
+            for r in resources
+        ]
+
+
+def test_only_what_failed_is_retried_and_a_given_up_one_shows_until_it_is_gone(running):
+    kind = Keyed({"bad"})
+    agent = running(kind, reap_attempts=2)
+    agent.submit(Snapshot("thing", (thing("good"), thing("bad"))))
+    wait_for(lambda: agent.counters()["gave_up"] == 1, what="the agent to give up")
+    assert kind.calls == [["good", "bad"], ["bad"]]
+    [item] = agent.ask(agent.pending)
+    assert (item["what"], item["state"], item["attempt"]) == (["bad"], "given up", 2)
+    agent.submit(Gone("thing", "bad"))
+    wait_for(lambda: agent.ask(agent.pending) == [], what="the given-up item to go")

@@ -11,10 +11,10 @@ from exitwatch.owner import Owner
 
 @dataclass(frozen=True)
 class Resource:
-    kind: str  # "container" | "workdir"
-    key: str  # container id, or workdir path
+    kind: str  # "container" | "workdir" | "hook"
+    key: str  # container id, workdir path, or hook file name
     owner: Owner
-    name: str = ""  # for people: container name, or the path again
+    name: str = ""  # for people: container name, the path again, or a hook's id and command
     group: str | None = None  # compose project, where there is one
 
 
@@ -50,7 +50,9 @@ class Outcome:
     ok: bool
     detail: str = ""  # "removed", "already gone", or why it failed or was refused
     refused: bool = False  # a safety check left it alone on purpose
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # written to the audit log
+    counts: tuple[str, ...] = ()  # further counters it moves, e.g. "hook_runs"
+    key: str = ""  # the Resource.key it is about, where it is about exactly one
 
 
 class ResourceKind(abc.ABC):
@@ -73,6 +75,12 @@ class ResourceKind(abc.ABC):
         Check again just before each destructive step; never raise for one resource's
         failure, report it in its Outcome.
         """
+
+    def reap(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
+        """remove(), told how the owner died (a kind that passes it on overrides this)."""
+        return self.remove(owner, resources, dry_run)
 
     @abc.abstractmethod
     def stop(self) -> None:

@@ -1,0 +1,153 @@
+"""Running one on-death hook as its user: credentials, environment, directory, a process
+group of its own, the tail of its output, and a timeout that kills the whole group.
+
+Nothing here knows what a hook file is; hooks.py decides what runs and as whom.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+TAIL_BYTES = 2048  # of the output kept for the audit record
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The directory is changed by the hook's own shell, after its credentials are the user's:
+# the kernel then checks every step (a symlink included) with the user's rights, so a
+# recorded path can lead nowhere the user could not go. A directory that is gone or out
+# of reach falls back to HOME, and that to /.
+_ENTER = 'cd -P -- "$1" 2>/dev/null || cd -P -- "$2" 2>/dev/null || cd /; shift 2; exec "$@"'
+
+
+@dataclass(frozen=True)
+class Ran:
+    """How one run of a hook ended."""
+
+    returncode: int  # negative: killed by that signal
+    timed_out: bool
+    seconds: float
+    tail: str  # the last TAIL_BYTES of stdout and stderr together
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        if self.timed_out:
+            how = "timed out, process group killed"
+        elif self.returncode < 0:
+            how = f"killed by {_signame(-self.returncode)}"
+        else:
+            how = f"exited with code {self.returncode}"
+        return f"{how} after {self.seconds:.2f} s"
+
+
+def environment(user: pwd.struct_passwd, recorded: Mapping[str, str]) -> dict[str, str]:
+    """A minimal login-like environment, then what the hook recorded."""
+    env = {
+        "PATH": SYSTEM_PATH if user.pw_uid == 0 else USER_PATH,
+        "HOME": user.pw_dir,
+        "USER": user.pw_name,
+        "LANG": "C.UTF-8",
+    }
+    env.update(recorded)
+    return env
+
+
+def run_as(
+    user: pwd.struct_passwd,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    timeout: float,
+) -> Ran:
+    """Run `argv` as `user` (uid, primary gid, supplementary groups) with exactly `env`,
+    in `cwd` as the user may reach it, stdin from /dev/null, in a new session. Raises
+    OSError when it cannot be started, or not killed at its timeout."""
+    groups = os.getgrouplist(user.pw_name, user.pw_gid)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", _ENTER, "exitwatch-hook", cwd or user.pw_dir, user.pw_dir, *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(env),
+        cwd="/",
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=groups,
+        start_new_session=True,  # its own group, for the timeout to kill as a whole
+        umask=0o022,
+    )
+    assert proc.stdout is not None
+    out = proc.stdout.fileno()
+    pidfd = -1
+    tail = bytearray()
+    timed_out = False
+    try:
+        pidfd = os.pidfd_open(proc.pid)  # readable once it has exited: no polling loop
+        poller = select.poll()
+        poller.register(out, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        deadline = started + timeout
+        exited = False
+        while not exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                _kill_group(proc.pid)
+                break
+            for fd, _ in poller.poll(left * 1000):
+                if fd == pidfd:
+                    exited = True
+                elif not _read_into(out, tail):
+                    poller.unregister(out)
+        proc.wait()
+        # What it wrote before it ended; children it left running keep their own output.
+        os.set_blocking(out, False)
+        with contextlib.suppress(BlockingIOError):
+            while _read_into(out, tail):
+                pass
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+        proc.stdout.close()
+        if proc.returncode is None:  # interrupted above: leave no hook running unwatched
+            with contextlib.suppress(OSError):
+                _kill_group(proc.pid)
+                proc.wait()
+    seconds = time.monotonic() - started
+    text = bytes(tail).decode("utf-8", "replace")
+    return Ran(proc.returncode, timed_out, seconds, text)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the process group; OSError (EPERM without CAP_KILL) when it cannot be."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except OSError as err:
+        raise OSError(err.errno, f"cannot kill it at its timeout: {err.strerror}") from None
+
+
+def _read_into(fd: int, tail: bytearray) -> bool:
+    """Read once from `fd` into the bounded `tail`; False at end of file."""
+    chunk = os.read(fd, 65536)
+    tail += chunk
+    del tail[:-TAIL_BYTES]
+    return bool(chunk)
+
+
+def _signame(signo: int) -> str:
+    try:
+        return signal.Signals(signo).name
+    except ValueError:
+        return f"signal {signo}"

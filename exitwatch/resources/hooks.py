@@ -1,0 +1,334 @@
+"""On-death hooks: files in a spool, each naming an owner and a command. "Removing" one is
+running its command as the file's owner, and deleting the file once it succeeded.
+
+The spool is one flat directory, root's, mode 1733 like /tmp: anyone may add a file, only
+its writer may remove it, and no one but root may list it. A hook runs as whoever owns its
+file, so writing a hook gives no one more rights than they have. A file that is not
+exactly what on_death() writes is refused with a warning, and never runs.
+
+A hook runs at least once: the file goes only after its command succeeded, so an agent
+that dies between the two runs the hook again at its next start. Hooks should therefore
+tolerate finding their resource gone already (a DELETE that answers 404, say).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import pwd
+import select
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+from exitwatch.contract import HOOK_SUFFIX
+from exitwatch.owner import Owner, death
+from exitwatch.resources import fsops, hookrun
+from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.resources.fsops import printable
+from exitwatch.resources.hookfile import KIND, Hook, HookError, check_file, ensure_spool, read_hook
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
+PARALLEL = 16  # hooks of one owner run at once
+STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
+
+
+class _Spool:
+    """The hooks in the spool, read again only when a file changed. One per thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: dict[str, tuple[tuple[int, ...], Hook | None]] = {}
+        self._unlistable = False
+
+    def list(self) -> dict[str, Hook]:
+        try:
+            dir_fd = os.open(self.path, _DIR)
+        except OSError as err:
+            if not self._unlistable and err.errno != errno.ENOENT:
+                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
+            self._unlistable = True
+            return {}
+        try:
+            return self._list(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _list(self, dir_fd: int) -> dict[str, Hook]:
+        seen, found = {}, {}
+        try:
+            names = os.listdir(dir_fd)
+        except OSError as err:
+            if not self._unlistable:
+                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
+            self._unlistable = True
+            return {}
+        self._unlistable = False
+        for name in names:
+            if name.startswith("."):  # a hook being written
+                continue
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:  # gone since the listing
+                continue
+            sig = (st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)
+            old = self._seen.get(name)
+            hook = old[1] if old is not None and old[0] == sig else self._read(dir_fd, name)
+            seen[name] = (sig, hook)
+            if hook is not None:
+                found[name] = hook
+        self._seen = seen
+        return found
+
+    def _read(self, dir_fd: int, name: str) -> Hook | None:
+        where = printable(os.path.join(self.path, name))
+        if not name.endswith(HOOK_SUFFIX):
+            log.warning("hook file %s: refused: its name does not end in %s", where, HOOK_SUFFIX)
+            return None
+        try:
+            hook, _, fd = read_hook(dir_fd, name)
+        except FileNotFoundError:
+            return None
+        except HookError as err:
+            log.warning("hook file %s: refused: %s", where, err)
+            return None
+        os.close(fd)
+        return hook
+
+
+class Hooks(ResourceKind):
+    """The hooks in one spool directory."""
+
+    kind = KIND
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread: threading.Thread | None = None
+        self._stop_r = self._stop_w = -1
+
+    def scan(self) -> Snapshot:
+        found = _Spool(self.path).list()
+        return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
+
+    def start(self, notify: Notify) -> None:
+        try:
+            ensure_spool(self.path)
+        except (OSError, HookError) as err:
+            why = err.strerror if isinstance(err, OSError) else str(err)
+            log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
+            notify(Snapshot(KIND, ()))
+            return
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(
+            target=self._follow, args=(notify,), name="exitwatch-hooks", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        os.write(self._stop_w, b"x")
+        self._thread.join(STOP_DEADLINE)
+        if not self._thread.is_alive():
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+        self._thread = None
+
+    def _follow(self, notify: Notify) -> None:
+        """A Snapshot, then Found and Gone as the spool changes: any event in it makes it
+        be listed again (files that did not change are not read again)."""
+        spool = _Spool(self.path)
+        known: dict[str, Hook] | None = None
+        ino = None
+        try:
+            ino = fsops.Inotify()
+            dir_fd = os.open(self.path, _DIR)
+            try:
+                ino.watch(dir_fd, self.path, 0)
+            finally:
+                os.close(dir_fd)
+            log.info("following hooks in %s with inotify", printable(self.path))
+        except OSError as err:
+            log.warning(
+                "hook discovery falls back to rescans every %gs: %s",
+                POLL_INTERVAL,
+                err.strerror or err,
+            )
+            if ino is not None:
+                ino.close()
+            ino = None
+        try:
+            while True:
+                try:
+                    found = spool.list()
+                except Exception:  # it must not die, or no hook is seen again
+                    log.exception("listing the hook spool failed; trying again")
+                    found = known or {}
+                if known is None:
+                    notify(Snapshot(KIND, tuple(found[n] for n in sorted(found))))
+                else:
+                    for name in known.keys() - found.keys():
+                        notify(Gone(KIND, name))
+                    for name, hook in found.items():
+                        if known.get(name) != hook:
+                            notify(Found(hook))
+                known = found
+                stop, gone = _wait(self._stop_r, ino)
+                if stop:
+                    return
+                if gone and ino is not None:
+                    log.warning(
+                        "hook spool %s was removed or moved; rescanning every %gs",
+                        printable(self.path),
+                        POLL_INTERVAL,
+                    )
+                    ino.close()
+                    ino = None
+        finally:
+            if ino is not None:
+                ino.close()
+
+    # Running ("removal")
+
+    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        return self.reap(owner, resources, dry_run, death(owner) or "")
+
+    def reap(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
+        # As for the other kinds: nothing runs on a verdict that is not this one's.
+        if death(owner) is None:
+            why = f"its owner {owner} is alive"
+            return [Outcome(_what(r), KIND, False, why, True, key=r.key) for r in resources]
+        try:
+            dir_fd = os.open(self.path, _DIR)
+        except OSError as err:
+            why = f"failed: spool {printable(self.path)}: {err.strerror}"
+            return [Outcome(_what(r), KIND, False, why, key=r.key) for r in resources]
+
+        def one(res: Resource) -> Outcome:
+            # Each says which hook it is about, so that only the hooks that failed are retried.
+            return replace(self._run_one(dir_fd, owner, res, dry_run, how), key=res.key)
+
+        try:
+            if len(resources) == 1:
+                return [one(resources[0])]
+            # Side by side: one hook that hangs until its timeout holds up none of the others.
+            with ThreadPoolExecutor(min(len(resources), PARALLEL)) as pool:
+                return list(pool.map(one, resources))
+        finally:
+            os.close(dir_fd)
+
+    def _run_one(
+        self, dir_fd: int, owner: Owner, res: Resource, dry_run: bool, how: str
+    ) -> Outcome:
+        what = _what(res)
+        try:
+            hook, body, fd = read_hook(dir_fd, res.key)
+        except FileNotFoundError:
+            return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
+        except HookError as err:
+            log.warning("%s: refused: %s", what, err)
+            return Outcome(what, KIND, False, str(err), refused=True)
+        try:
+            expected = (getattr(res, "dev", 0), getattr(res, "ino", 0), getattr(res, "uid", -1))
+            if (hook.dev, hook.ino, hook.uid) != expected:
+                return _refuse(what, "it was replaced since it was found")
+            if hook.owner != owner:
+                return _refuse(what, f"it now names owner {hook.owner}, not {owner}")
+            if dry_run:
+                return Outcome(what, KIND, True, "would run")
+            user = pwd.getpwuid(hook.uid)
+            env = hookrun.environment(user, body["env"])
+            env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
+            # `exitwatch reap` beside the agent: whoever locks the file runs it; the other
+            # tries again later, and finds it gone. The lock goes with the descriptor.
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return Outcome(what, KIND, False, "another exitwatch process is running it")
+            if os.fstat(fd).st_nlink == 0:  # the other ran it, and removed it, since we opened it
+                return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
+            # The last look, through the descriptor: the file read is the file checked.
+            try:
+                st = check_file(fd)
+            except HookError as err:
+                return _refuse(what, str(err))
+            if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
+                return _refuse(what, "it changed while being read")
+            ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])
+            return self._ran(dir_fd, what, res.key, hook, ran)
+        except (KeyError, OSError) as err:
+            why = err.strerror if isinstance(err, OSError) else "its user vanished"
+            log.warning("%s: cannot run: %s", what, why)
+            return Outcome(what, KIND, False, f"failed: {why}", counts=("hook_failures",))
+        finally:
+            os.close(fd)  # and with it the lock, once the file is gone (or kept for a retry)
+
+    def _ran(self, dir_fd: int, what: str, name: str, hook: Hook, ran: hookrun.Ran) -> Outcome:
+        extra = {
+            "hook": {
+                "argv0": hook.argv[0],
+                "uid": hook.uid,
+                "returncode": ran.returncode,
+                "timed_out": ran.timed_out,
+                "seconds": round(ran.seconds, 3),
+                "output_tail": ran.tail,
+            }
+        }
+        counts = ["hook_runs"]
+        if not ran.ok:
+            counts.append("hook_timeouts" if ran.timed_out else "hook_failures")
+            log.warning("%s: %s; output: %r", what, ran.describe(), ran.tail[-200:])
+            return Outcome(
+                what, KIND, False, f"failed: {ran.describe()}", False, extra, tuple(counts)
+            )
+        detail = f"ran: {ran.describe()}"
+        # Gone before success is told: nothing that reads the outcome can run it again.
+        try:
+            _unlink_same(dir_fd, name, hook)
+        except OSError as err:
+            # Not retried (it succeeded), but the file stays: the next start runs it again.
+            log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)
+            detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
+        return Outcome(what, KIND, True, detail, False, extra, tuple(counts))
+
+
+def _what(res: Resource) -> str:
+    return f"hook {res.name or res.key}"
+
+
+def _refuse(what: str, why: str) -> Outcome:
+    log.warning("%s: refused: %s", what, why)
+    return Outcome(what, KIND, False, why, refused=True)
+
+
+def _unlink_same(dir_fd: int, name: str, hook: Hook) -> None:
+    """Remove the hook's file if its name still leads to it (its owner may have put a new
+    hook in its place meanwhile, which is theirs to keep)."""
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == (hook.dev, hook.ino):
+            os.unlink(name, dir_fd=dir_fd)
+
+
+def _wait(stop_fd: int, ino: fsops.Inotify | None) -> tuple[bool, bool]:
+    """Wait for a change in the spool (or POLL_INTERVAL without inotify); whether to stop,
+    and whether the spool itself went (its watch with it)."""
+    poller = select.poll()
+    poller.register(stop_fd, select.POLLIN)
+    if ino is not None:
+        poller.register(ino.fd, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(None if ino is not None else POLL_INTERVAL * 1000)}
+    if stop_fd in ready:
+        return True, False
+    # Which file changed does not matter: the spool is listed again.
+    events = ino.read() if ino is not None else []
+    return False, any(mask & _SELF_GONE for _, mask, _ in events)

@@ -1,0 +1,291 @@
+"""The hook kind on its own, on a real spool with real processes: hook files that must
+never run (special files, links, loose modes, hypothesis-fuzzed JSON), a hook that hangs,
+and where a hook runs."""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_workdirs import attacker as attacker  # the unprivileged user, as a fixture here
+
+from exitwatch import on_death
+from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, hook_problem
+from exitwatch.owner import Owner, OwnerError, owner_of
+from exitwatch.resources.hookfile import Hook, ensure_spool
+from exitwatch.resources.hooks import Hooks
+
+from procs import kill, spawn_owner, state, wait_for
+
+EXAMPLES = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@pytest.fixture
+def spool(monkeypatch) -> Iterator[Path]:
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-hooks-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    path = top / "hooks"
+    ensure_spool(str(path))
+    monkeypatch.setenv(ENV_HOOK_DIR, str(path))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.fixture(scope="module")
+def dead() -> Owner:
+    child = spawn_owner()
+    owner = owner_of(child.pid)
+    kill(child)
+    return owner
+
+
+def body(owner: Owner, argv: list[str], **over: object) -> dict:
+    return {
+        "owner": str(owner),
+        "argv": argv,
+        "cwd": "/",
+        "env": {},
+        "timeout": 10,
+        "created": time.time(),
+    } | over
+
+
+def write(path: Path, content: dict | bytes, mode: int = 0o600) -> Path:
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    os.chmod(path, mode)
+    return path
+
+
+def test_the_spool_is_made_roots_and_sticky_and_a_loose_one_is_refused(tmp_path):
+    path = tmp_path / "spool" / "hooks"
+    umask = os.umask(0o077)  # the unit's
+    try:
+        ensure_spool(str(path))
+    finally:
+        os.umask(umask)
+    assert (path.stat().st_uid, oct(path.stat().st_mode & 0o7777)) == (0, "0o1733")
+    assert oct(path.parent.stat().st_mode & 0o7777) == "0o755"
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    os.chmod(loose, 0o777)
+    with pytest.raises(ValueError, match="not sticky"):
+        ensure_spool(str(loose))
+    (tmp_path / "link").symlink_to(path)
+    with pytest.raises(ValueError, match="not a directory"):
+        ensure_spool(str(tmp_path / "link"))
+
+
+def test_bad_hook_files_are_refused_with_a_warning_and_never_run(
+    spool, dead, tmp_path, caplog, attacker
+):
+    canary = tmp_path / "ran"
+    good = body(dead, ["touch", str(canary)])
+    elsewhere = write(tmp_path / "elsewhere.json", good)
+    linked = write(tmp_path / "linked.json", good)
+    cases = {
+        "a symlink": lambda p: p.symlink_to(elsewhere),
+        "a FIFO": lambda p: os.mkfifo(p, 0o600),
+        "a socket": lambda p: socket.socket(socket.AF_UNIX).bind(str(p)),
+        "a directory": lambda p: p.mkdir(),
+        "a hard link": lambda p: os.link(linked, p),
+        "world-writable": lambda p: write(p, good, 0o606),
+        "group-writable": lambda p: write(p, good, 0o620),
+        "too large": lambda p: write(p, body(dead, ["touch", str(canary), "x" * HOOK_MAX_BYTES])),
+        "not JSON": lambda p: write(p, b'{"owner": '),
+        "a bad owner": lambda p: write(p, good | {"owner": "1:2:3"}),
+        "of a uid with no passwd entry": lambda p: (write(p, good), os.chown(p, 54321, 54321)),
+        "badly named": lambda p: write(p.with_suffix(".txt"), good),
+    }
+    kind = Hooks(str(spool))
+    caplog.set_level(logging.WARNING)
+    for n, make in enumerate(cases.values()):
+        make(spool / f"{n:032x}.json")
+    snapshot = kind.scan()
+    assert snapshot.resources == ()
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    for n, what in enumerate(cases):
+        name = f"{n:032x}.txt" if what == "badly named" else f"{n:032x}.json"
+        assert f"{spool / name}: refused" in warned, what
+    # Found while good, turned bad before it ran: the last look refuses it too.
+    path = write(spool / f"{99:032x}.json", good)
+    [hook] = kind.scan().resources
+    os.chmod(path, 0o622)
+    [outcome] = kind.remove(dead, [hook], dry_run=False)
+    assert outcome.refused and "writable by group or others" in outcome.detail
+    os.chmod(path, 0o600)
+    os.chown(path, attacker.pw_uid, attacker.pw_gid)  # another uid than was found
+    [outcome] = kind.remove(dead, [hook], dry_run=False)
+    assert outcome.refused and "replaced" in outcome.detail
+    assert not canary.exists()
+
+
+def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead, tmp_path):
+    pids, quick = tmp_path / "pids", tmp_path / "quick"
+    script = f"sleep 1000 & echo $! > {pids}; sleep 1000"
+    write(spool / f"{1:032x}.json", body(dead, ["sh", "-c", script], timeout=3))
+    # The same owner's next hook does not wait for the hung one: they run side by side.
+    write(spool / f"{2:032x}.json", body(dead, ["sh", "-c", f"date +%s.%N > {quick}"]))
+    kind = Hooks(str(spool))
+    hooks = list(kind.scan().resources)
+    started = time.time()
+    outcome, fine = kind.remove(dead, hooks, dry_run=False)
+    assert time.time() - started < 30
+    assert fine.ok and float(quick.read_text()) - started < 3
+    assert not outcome.ok and "timed out" in outcome.detail
+    assert outcome.extra["hook"]["timed_out"] and outcome.counts == ("hook_runs", "hook_timeouts")
+    child = int(pids.read_text())
+    wait_for(lambda: state(child) in (None, "Z"), 30, "the hook's child to be killed")
+    assert (spool / f"{1:032x}.json").exists()  # to be tried again
+
+
+def test_a_hook_locked_by_another_runner_is_left_to_it(spool, dead, tmp_path):
+    canary = tmp_path / "ran"
+    path = write(spool / f"{4:032x}.json", body(dead, ["touch", str(canary)]))
+    kind = Hooks(str(spool))
+    [hook] = kind.scan().resources
+    with path.open() as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as `exitwatch reap` running it would
+        [outcome] = kind.remove(dead, [hook], dry_run=False)
+    assert not outcome.ok and not outcome.refused and "another" in outcome.detail
+    assert not canary.exists()
+    [outcome] = kind.remove(dead, [hook], dry_run=False)
+    assert outcome.ok and canary.exists() and not path.exists()
+
+
+def test_a_live_owners_hook_is_refused_at_run_time(spool, tmp_path):
+    canary = tmp_path / "ran"
+    owner = spawn_owner()
+    try:
+        write(spool / f"{2:032x}.json", body(owner.owner, ["touch", str(canary)]))
+        kind = Hooks(str(spool))
+        [hook] = kind.scan().resources
+        [outcome] = kind.remove(owner.owner, [hook], dry_run=False)
+        assert outcome.refused and "alive" in outcome.detail
+        assert not canary.exists()
+    finally:
+        kill(owner)
+
+
+def test_a_hook_runs_where_its_user_may_go(spool, dead, tmp_path, attacker):
+    """The recorded directory is entered as the user: a symlink into a place the user
+    cannot reach leads to HOME (here /nonexistent, so /) instead."""
+    hidden = tmp_path / "hidden"
+    (hidden / "inner").mkdir(parents=True)
+    os.chmod(hidden, 0o700)
+    out = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-", dir="/tmp"))
+    os.chmod(out, 0o1777)
+    try:
+        (out / "door").symlink_to(hidden / "inner")
+        for n, cwd in enumerate([str(out), str(out / "door")]):
+            path = write(spool / f"{n:032x}.json", body(dead, ["sh", "-c", f"pwd > {out}/{n}"]))
+            os.chown(path, attacker.pw_uid, attacker.pw_gid)
+            data = json.loads(path.read_text()) | {"cwd": cwd}
+            path.write_text(json.dumps(data))
+        kind = Hooks(str(spool))
+        outcomes = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+        assert all(o.ok for o in outcomes), outcomes
+        assert (out / "0").read_text() == f"{out}\n"
+        assert (out / "1").read_text() in (f"{attacker.pw_dir}\n", "/\n")
+    finally:
+        shutil.rmtree(out)
+
+
+def test_environment_and_death_are_handed_over(spool, dead, tmp_path):
+    env_out = tmp_path / "env"
+    hook_id = on_death(["sh", "-c", f"env > {env_out}"], env={"SANDBOX": "sbx-9"})
+    # Rewritten to a dead owner, as the agent would find it after a SIGKILL.
+    path = spool / f"{hook_id}.json"
+    write(path, json.loads(path.read_text()) | {"owner": str(dead)})
+    kind = Hooks(str(spool))
+    [hook] = kind.scan().resources
+    [outcome] = kind.reap(dead, [hook], False, "killed by SIGKILL (process gone)")
+    assert outcome.ok and outcome.key == hook.key
+    env = dict(line.split("=", 1) for line in env_out.read_text().splitlines())
+    assert env["SANDBOX"] == "sbx-9"
+    assert env["EXITWATCH_DEAD_OWNER"] == str(dead)
+    assert env["EXITWATCH_DEATH"] == "killed by SIGKILL (process gone)"
+    assert env["USER"] == "root" and env["HOME"] and env["PATH"] and env["LANG"]
+    assert not path.exists()
+    # Ran once: its file is gone, so the same resource never runs again.
+    [again] = kind.remove(dead, [hook], dry_run=False)
+    assert again.ok and "already gone" in again.detail
+
+
+def _shaped(text: str) -> bool:
+    try:
+        Owner.parse(text)
+    except OwnerError:
+        return False
+    return True
+
+
+def _fuzzed(dead: Owner, canary: Path) -> st.SearchStrategy[bytes]:
+    good = body(dead, ["touch", str(canary)])
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner),
+        max_leaves=8,
+    )
+    # One key of a good hook changed, dropped, or one added; or anything at all.
+    changed = st.builds(lambda k, v: good | {k: v}, st.sampled_from(sorted(good)), values)
+    dropped = st.sampled_from(sorted(good)).map(lambda k: {x: good[x] for x in good if x != k})
+    added = st.builds(lambda k, v: good | {k: v}, st.text().filter(lambda k: k not in good), values)
+    shapes = (changed | dropped | added | values).filter(
+        lambda v: hook_problem(v) is not None or not _shaped(v["owner"])
+    )
+    return shapes.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=300)
+
+
+def test_fuzzed_hook_files_are_refused_and_never_run(spool, dead, tmp_path, caplog):
+    canary = tmp_path / "ran"
+    kind = Hooks(str(spool))
+    names = itertools.count()
+
+    @EXAMPLES
+    @given(data=_fuzzed(dead, canary))
+    def one(data: bytes) -> None:
+        path = spool / f"{next(names):032x}.json"
+        path.write_bytes(data)
+        os.chmod(path, 0o600)
+        caplog.clear()
+        assert kind.scan().resources == ()
+        assert any(f"{path}: refused" in r.getMessage() for r in caplog.records)
+        # Handed to the runner anyway (as a stale index entry would be), it still refuses.
+        fake = Hook("hook", path.name, dead, path.name, None, 0, path.stat().st_ino)
+        [outcome] = kind.remove(dead, [fake], dry_run=False)
+        assert outcome.refused, outcome
+        path.unlink()
+
+    caplog.set_level(logging.WARNING)
+    one()
+    assert not canary.exists()
+
+
+def test_the_runner_kills_on_timeout_even_a_group_leader_that_ignores_sigterm(
+    spool, dead, tmp_path
+):
+    script = "trap '' TERM; while :; do sleep 1; done"
+    write(spool / f"{3:032x}.json", body(dead, ["sh", "-c", script], timeout=0.3))
+    kind = Hooks(str(spool))
+    [outcome] = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+    assert outcome.extra["hook"]["timed_out"]
+    assert outcome.extra["hook"]["returncode"] == -signal.SIGKILL

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -136,6 +137,37 @@ def test_bad_hook_files_are_refused_with_a_warning_and_never_run(
     [outcome] = kind.remove(dead, [hook], dry_run=False)
     assert outcome.refused and "replaced" in outcome.detail
     assert not canary.exists()
+
+
+@pytest.mark.parametrize("source", ["same filesystem", "tmpfs"])
+def test_a_file_mounted_over_a_users_hook_is_refused(spool, dead, tmp_path, attacker, source):
+    """A user who can mount over their own hook file (FUSE with user_allow_other) answers
+    root's fstat as they like: uid 0, one link, mode 0600. A bind mount of a root-owned
+    file plays that part here (no FUSE on the test machine): from the spool's own
+    filesystem (the device is the same, the mount is not), and from a tmpfs."""
+    canary = tmp_path / "ran"
+    hook_file = write(spool / f"{5:032x}.json", body(dead, ["touch", str(canary)]))
+    os.chown(hook_file, attacker.pw_uid, attacker.pw_gid)
+    kind = Hooks(str(spool))
+    [found] = kind.scan().resources  # the user's own hook, found before the mount
+    host = tmp_path / "host"
+    host.mkdir()
+    mounts = []
+    try:
+        if source == "tmpfs":
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "none", host], check=True)
+            mounts.append(host)
+        roots = write(host / "roots.json", body(dead, ["touch", str(canary)]))
+        subprocess.run(["mount", "--bind", roots, hook_file], check=True)
+        mounts.insert(0, hook_file)
+        assert hook_file.stat().st_uid == 0  # what root's checks now see
+        assert kind.scan().resources == ()
+        [outcome] = kind.remove(dead, [found], dry_run=False)
+        assert outcome.refused and "mounted over" in outcome.detail, outcome
+        assert not canary.exists()
+    finally:
+        for path in mounts:
+            subprocess.run(["umount", path], check=True)
 
 
 def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead, tmp_path):

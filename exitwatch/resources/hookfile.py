@@ -51,7 +51,7 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
             raise
         raise HookError(f"it cannot be opened: {err.strerror}") from None
     try:
-        st = check_file(fd)
+        st = check_file(fd, dir_fd)
         data = b""
         while len(data) <= HOOK_MAX_BYTES and (chunk := os.read(fd, HOOK_MAX_BYTES + 1)):
             data += chunk
@@ -82,9 +82,19 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
     return hook, body, fd
 
 
-def check_file(fd: int) -> os.stat_result:
-    """The stat of an open hook file, or HookError for one that must not run."""
+def check_file(fd: int, dir_fd: int) -> os.stat_result:
+    """The stat of an open hook file of the spool `dir_fd`, or HookError for one that must
+    not run.
+
+    A file mounted over (a user's FUSE mount on their own hook file, a bind mount) is
+    answered for by whoever serves that mount, root's fstat included: uid 0, one link,
+    mode 0600 would all be the mount's word. So the file must lie on the spool's own
+    mount: the same device, and the same mount id (which a bind mount of a file from the
+    spool's own filesystem changes while the device stays).
+    """
     st = os.fstat(fd)
+    if st.st_dev != os.fstat(dir_fd).st_dev or _mount_id(fd) != _mount_id(dir_fd):
+        raise HookError("it is mounted over: not on the spool's own filesystem")
     if not stat.S_ISREG(st.st_mode):
         raise HookError(f"it is {fsops.file_type(st.st_mode)}, not a regular file")
     if st.st_nlink != 1:
@@ -92,6 +102,15 @@ def check_file(fd: int) -> os.stat_result:
     if st.st_mode & 0o022:
         raise HookError(f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
     return st
+
+
+def _mount_id(fd: int) -> str:
+    """The id of the mount `fd` lies on, from /proc; "" where the kernel does not say."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+        for line in info:
+            if line.startswith(b"mnt_id:"):
+                return line.split()[1].decode()
+    return ""
 
 
 def ensure_spool(path: str) -> None:

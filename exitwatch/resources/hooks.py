@@ -258,7 +258,7 @@ class Hooks(ResourceKind):
                 return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
             # The last look, through the descriptor: the file read is the file checked.
             try:
-                st = check_file(fd)
+                st = check_file(fd, dir_fd)
             except HookError as err:
                 return _refuse(what, str(err))
             if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):

@@ -189,6 +189,28 @@ def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead, 
     assert (spool / f"{1:032x}.json").exists()  # to be tried again
 
 
+def test_a_hook_leaves_nothing_running_and_does_not_keep_the_agents_oom_score(
+    spool, dead, tmp_path
+):
+    pids, score = tmp_path / "pids", tmp_path / "score"
+    script = f"cat /proc/self/oom_score_adj > {score}; sleep 300 & echo $! > {pids}; exit 0"
+    write(spool / f"{6:032x}.json", body(dead, ["sh", "-c", script]))
+    kind = Hooks(str(spool))
+    adj = Path("/proc/self/oom_score_adj")
+    before = adj.read_text()
+    # The unit gives the agent -500, which children inherit; lowering it takes
+    # CAP_SYS_RESOURCE, which the test machine may lack, so a raised score stands in.
+    adj.write_text("300")
+    try:
+        [outcome] = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+    finally:
+        adj.write_text(before)
+    assert outcome.ok, outcome
+    assert score.read_text() == "0\n"
+    child = int(pids.read_text())
+    wait_for(lambda: state(child) in (None, "Z"), 10, "the hook's leftover sleep to be killed")
+
+
 def test_a_hook_locked_by_another_runner_is_left_to_it(spool, dead, tmp_path):
     canary = tmp_path / "ran"
     path = write(spool / f"{4:032x}.json", body(dead, ["touch", str(canary)]))

@@ -92,7 +92,18 @@ def hook_problem(body: object) -> str | None:
         return f'"timeout" is not in (0, {HOOK_MAX_TIMEOUT:g}] seconds'
     if isinstance(body["created"], bool) or not isinstance(body["created"], int | float):
         return '"created" is not a number'
+    if not all(map(_utf8, [body["owner"], *argv, cwd, *env.values()])):
+        return "it has a string that is not valid UTF-8 (a lone surrogate)"
     return None
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` can be handed to exec: JSON may carry a lone surrogate ("\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _open_spool() -> int:

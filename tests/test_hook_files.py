@@ -26,6 +26,7 @@ from test_workdirs import attacker as attacker  # the unprivileged user, as a fi
 from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, hook_problem
 from exitwatch.owner import Owner, OwnerError, owner_of
+from exitwatch.resources import hookfile
 from exitwatch.resources.hookfile import Hook, ensure_spool
 from exitwatch.resources.hooks import Hooks
 
@@ -282,6 +283,43 @@ def test_environment_and_death_are_handed_over(spool, dead, tmp_path):
     # Ran once: its file is gone, so the same resource never runs again.
     [again] = kind.remove(dead, [hook], dry_run=False)
     assert again.ok and "already gone" in again.detail
+
+
+def test_a_lone_surrogate_is_refused_with_a_warning(spool, dead, tmp_path, caplog):
+    """JSON may carry "\\ud800", which decodes to a str that exec cannot take."""
+    canary = tmp_path / "ran"
+    good = body(dead, ["touch", str(canary)])
+    bad = [
+        good | {"argv": ["touch", str(canary), "\ud800"]},
+        good | {"env": {"X": "\udfff"}},
+        good | {"cwd": "/\ud800"},
+    ]
+    for n, content in enumerate(bad):
+        write(spool / f"{n:032x}.json", content)
+    caplog.set_level(logging.WARNING)
+    assert Hooks(str(spool)).scan().resources == ()
+    warned = [r.getMessage() for r in caplog.records]
+    for n in range(len(bad)):
+        [line] = [m for m in warned if f"{n:032x}.json" in m]
+        assert "not valid UTF-8" in line
+    assert not canary.exists()
+
+
+def test_one_hook_that_raises_costs_the_others_nothing(spool, dead, tmp_path, caplog, monkeypatch):
+    """A hook that raises where it runs (here a lone surrogate, let through as the shape
+    check once did) gets one log line and a failed outcome; its sibling runs."""
+    monkeypatch.setattr(hookfile, "hook_problem", lambda body: None)
+    canary = tmp_path / "ran"
+    write(spool / f"{1:032x}.json", body(dead, ["touch", str(canary), "\ud800"]))
+    write(spool / f"{2:032x}.json", body(dead, ["touch", str(canary)]))
+    kind = Hooks(str(spool))
+    caplog.set_level(logging.WARNING)
+    raising, fine = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+    assert fine.ok and canary.exists(), fine
+    assert not raising.ok and not raising.refused and "UnicodeEncodeError" in raising.detail
+    assert raising.key == f"{1:032x}.json"
+    [line] = [r for r in caplog.records if f"{1:032x}" in r.getMessage()]
+    assert line.exc_info is None  # one line, no traceback
 
 
 def _shaped(text: str) -> bool:

@@ -215,7 +215,13 @@ class Hooks(ResourceKind):
 
         def one(res: Resource) -> Outcome:
             # Each says which hook it is about, so that only the hooks that failed are retried.
-            return replace(self._run_one(dir_fd, owner, res, dry_run, how), key=res.key)
+            try:
+                outcome = self._run_one(dir_fd, owner, res, dry_run, how)
+            except Exception as err:  # one hook's surprise must not cost the others theirs
+                log.error("%s: cannot run: %s: %s", _what(res), type(err).__name__, err)
+                why = f"failed: {type(err).__name__}: {err}"
+                outcome = Outcome(_what(res), KIND, False, why, counts=("hook_failures",))
+            return replace(outcome, key=res.key)
 
         try:
             if len(resources) == 1:

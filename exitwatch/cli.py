@@ -17,7 +17,14 @@ import click
 
 from exitwatch import __version__, logs, procfs
 from exitwatch.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
-from exitwatch.contract import ENV_OWNER, cancel_hook, mark_workdir, on_death, owner_labels
+from exitwatch.contract import (
+    ENV_OWNER,
+    HOOK_MAX_TIMEOUT,
+    cancel_hook,
+    mark_workdir,
+    on_death,
+    owner_labels,
+)
 from exitwatch.owner import OwnerError
 
 log = logging.getLogger("exitwatch")
@@ -338,7 +345,7 @@ def mark(directory: str, pid: int | None) -> None:
 @_pid
 @click.option(
     "--timeout",
-    type=click.FloatRange(0, 86400, min_open=True),
+    type=click.FloatRange(0, HOOK_MAX_TIMEOUT, min_open=True),
     default=60.0,
     show_default=True,
     metavar="S",

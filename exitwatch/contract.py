@@ -50,7 +50,9 @@ def mark_workdir(path: str | os.PathLike[str], pid: int | None = None) -> None:
 HOOK_DIR = "/var/spool/exitwatch/hooks"
 ENV_HOOK_DIR = "EXITWATCH_HOOK_DIR"
 HOOK_MAX_BYTES = 64 * 1024
-HOOK_MAX_TIMEOUT = 24 * 3600.0
+# A hook holds one of the few hook workers (and one of its user's slots) while it runs:
+# an hour is ample for a cleanup call, and bounds how long hung hooks can delay others.
+HOOK_MAX_TIMEOUT = 3600.0
 HOOK_SUFFIX = ".json"
 _HOOK_ID = re.compile(r"[0-9a-f]{32}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

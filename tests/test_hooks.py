@@ -3,10 +3,12 @@ sandbox service on 127.0.0.1 that the hooks call with curl, and a real unprivile
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,12 +24,12 @@ import pytest
 from test_workdirs import SYSTEM_PYTHON, as_user
 from test_workdirs import attacker as attacker  # the unprivileged user, as a fixture here
 
-from exitwatch import cancel_hook, on_death
+from exitwatch import cancel_hook, mark_workdir, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_SUFFIX
 from exitwatch.resources.hookfile import ensure_spool
 
 from agentproc import Agent, agent_argv
-from procs import kill, spawn_owner, wait_for
+from procs import kill, spawn_owner, state, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE = 30.0  # for a correct agent on a loaded machine; bench/hooks.py measures speed
@@ -268,6 +270,32 @@ def test_a_users_hook_runs_as_that_user_and_no_more(start_agent, spool, attacker
 
 def _group_name(gid: int) -> str:
     return grp.getgrgid(gid).gr_name
+
+
+def test_a_hung_hook_holds_up_no_other_owners_removal(start_agent, spool, tmp_path):
+    """With a single removal worker, an owner's hook that hangs does not keep another dead
+    owner's workdir: hooks run on workers of their own."""
+    config = tmp_path / "config.toml"
+    config.write_text("reap_workers = 1\n")
+    agent = start_agent("--config", str(config))
+    started = tmp_path / "hook-pid"
+    hung, other = spawn_owner(), spawn_owner()
+    script = f"echo $$ > {started}.tmp; mv {started}.tmp {started}; exec sleep 300"
+    on_death(["sh", "-c", script], pid=hung.pid, timeout=600)
+    workdir = tmp_path / "workdirs" / "run"
+    workdir.mkdir()
+    mark_workdir(workdir, other.pid)
+    wait_for(lambda: hooks_held(agent, hung.pid), DEADLINE, "the agent to hold the hook")
+    agent.wait_holding(other.pid, workdirs=1)
+    kill(hung)
+    try:
+        wait_for(started.exists, DEADLINE, "the hook to start")
+        kill(other)
+        wait_for(lambda: not workdir.exists(), DEADLINE, "the workdir removed beside the hook")
+        assert state(int(started.read_text())) not in (None, "Z")  # still hanging
+    finally:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(started.read_text()), signal.SIGKILL)
 
 
 def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(start_agent, spool, tmp_path):

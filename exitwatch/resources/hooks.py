@@ -34,7 +34,11 @@ from exitwatch.resources.hookfile import KIND, Hook, HookError, check_file, ensu
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
-PARALLEL = 16  # hooks of one owner run at once
+# Hooks run on workers of their own, never the agent's removal pool: a hook may run for
+# up to its timeout, and hung ones must not hold up the removal of containers and workdirs.
+JOBS = 16  # dead owners whose hooks run at once
+PARALLEL = 8  # hooks of one owner run at once
+PER_UID = 8  # hooks of one user run at once, whatever their owners
 STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
@@ -110,6 +114,9 @@ class Hooks(ResourceKind):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hooks")
+        self._slots: dict[int, threading.BoundedSemaphore] = {}
+        self._slots_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop_r = self._stop_w = -1
 
@@ -269,7 +276,8 @@ class Hooks(ResourceKind):
                 return _refuse(what, str(err))
             if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
                 return _refuse(what, "it changed while being read")
-            ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])
+            with self._slot(hook.uid):
+                ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])
             return self._ran(dir_fd, what, res.key, hook, ran)
         except (KeyError, OSError) as err:
             why = err.strerror if isinstance(err, OSError) else "its user vanished"
@@ -277,6 +285,11 @@ class Hooks(ResourceKind):
             return Outcome(what, KIND, False, f"failed: {why}", counts=("hook_failures",))
         finally:
             os.close(fd)  # and with it the lock, once the file is gone (or kept for a retry)
+
+    def _slot(self, uid: int) -> threading.BoundedSemaphore:
+        """The PER_UID run slots of `uid`: how many hook processes one user has at once."""
+        with self._slots_lock:
+            return self._slots.setdefault(uid, threading.BoundedSemaphore(PER_UID))
 
     def _ran(self, dir_fd: int, what: str, name: str, hook: Hook, ran: hookrun.Ran) -> Outcome:
         extra = {

@@ -351,7 +351,14 @@ def mark(directory: str, pid: int | None) -> None:
     metavar="S",
     help="Kill the command (and its process group) after S seconds.",
 )
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set this for the command.")
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="Set this for the command; NAME alone takes its value from your environment "
+    "(keeps a secret off the command line, where ps shows it).",
+)
 @click.option("--cancel", metavar="ID", help="Cancel the hook ID instead.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def on_death_cmd(
@@ -379,7 +386,12 @@ def on_death_cmd(
     for item in env:
         name, sep, value = item.partition("=")
         if not sep:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--env")
+            if name not in os.environ:
+                raise click.BadParameter(
+                    f"{name!r} is not set in your environment (give NAME=VALUE, or export NAME)",
+                    param_hint="--env",
+                )
+            value = os.environ[name]
         pairs[name] = value
     pid = _owning_pid(pid)
     try:

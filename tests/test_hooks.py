@@ -345,15 +345,25 @@ def test_the_cli_registers_and_cancels(spool):
     owner = spawn_owner()
     try:
         exitwatch = [sys.executable, "-m", "exitwatch"]
+        # --env NAME takes the value from the environment: a secret stays out of argv.
+        envs = ("--env", "A=b", "--env", "TOKEN")
         done = subprocess.run(
-            [*exitwatch, "on-death", "--pid", str(owner.pid), "--env", "A=b", "--", "true"],
+            [*exitwatch, "on-death", "--pid", str(owner.pid), *envs, "--", "true"],
             capture_output=True,
             text=True,
             check=True,
+            env=os.environ | {"TOKEN": "s3cret"},
         )
         hook_id = done.stdout.strip()
         body = json.loads((spool / f"{hook_id}{HOOK_SUFFIX}").read_text())
-        assert (body["argv"], body["env"], body["timeout"]) == (["true"], {"A": "b"}, 60.0)
+        env = {"A": "b", "TOKEN": "s3cret"}
+        assert (body["argv"], body["env"], body["timeout"]) == (["true"], env, 60.0)
+        unset = subprocess.run(
+            [*exitwatch, "on-death", "--env", "EXITWATCH_UNSET_X", "--", "true"],
+            capture_output=True,
+            text=True,
+        )
+        assert unset.returncode == 2 and "'EXITWATCH_UNSET_X' is not set" in unset.stderr
         assert body["owner"].split(":")[1] == str(owner.pid)
         # Without --pid the owner is the caller of the command, as for `exitwatch labels`.
         mine = subprocess.run(

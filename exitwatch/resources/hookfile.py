@@ -25,7 +25,13 @@ _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class HookError(ValueError):
-    """A hook file that is refused; the message says why."""
+    """A hook file that is refused; the message says why. `lasting` is False where a later
+    look may find it good although the file did not change (a user database that failed
+    to answer, for one)."""
+
+    def __init__(self, why: str, lasting: bool = True) -> None:
+        super().__init__(why)
+        self.lasting = lasting
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,9 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
         try:
             pwd.getpwuid(st.st_uid)
         except KeyError:
-            raise HookError(f"it belongs to uid {st.st_uid}, which has no passwd entry") from None
+            # Also what a user database that failed for a moment (NSS, LDAP) says.
+            why = f"it belongs to uid {st.st_uid}, which has no passwd entry"
+            raise HookError(why, lasting=False) from None
     except BaseException:
         os.close(fd)
         raise

@@ -21,10 +21,11 @@ import os
 import pwd
 import select
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from exitwatch.contract import HOOK_SUFFIX
+from exitwatch.contract import HOOK_MAX_TIMEOUT, HOOK_SUFFIX
 from exitwatch.owner import Owner, death
 from exitwatch.resources import fsops, hookrun
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
@@ -39,6 +40,7 @@ POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 JOBS = 16  # dead owners whose hooks run at once
 PARALLEL = 8  # hooks of one owner run at once
 PER_UID = 8  # hooks of one user run at once, whatever their owners
+LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0  # for another exitwatch process running the same hook
 STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
@@ -50,6 +52,7 @@ class _Spool:
     def __init__(self, path: str) -> None:
         self.path = path
         self._seen: dict[str, tuple[tuple[int, ...], Hook | None]] = {}
+        self._warned: dict[str, str] = {}  # name: refusal, for refusals not cached in _seen
         self._unlistable = False
 
     def list(self) -> dict[str, Hook]:
@@ -84,27 +87,40 @@ class _Spool:
                 continue
             sig = (st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)
             old = self._seen.get(name)
-            hook = old[1] if old is not None and old[0] == sig else self._read(dir_fd, name)
-            seen[name] = (sig, hook)
+            if old is not None and old[0] == sig:
+                seen[name], hook = old, old[1]
+            else:
+                hook, lasting = self._read(dir_fd, name)
+                if lasting:
+                    seen[name] = (sig, hook)
             if hook is not None:
                 found[name] = hook
         self._seen = seen
+        listed = set(names)
+        self._warned = {n: w for n, w in self._warned.items() if n in listed}
         return found
 
-    def _read(self, dir_fd: int, name: str) -> Hook | None:
+    def _read(self, dir_fd: int, name: str) -> tuple[Hook | None, bool]:
+        """The hook in `name`, or None; and whether that answer holds until the file
+        changes (a refusal that may not, such as an unanswered user lookup, is looked at
+        again at the next listing, and warned about once)."""
         where = printable(os.path.join(self.path, name))
         if not name.endswith(HOOK_SUFFIX):
             log.warning("hook file %s: refused: its name does not end in %s", where, HOOK_SUFFIX)
-            return None
+            return None, True
         try:
             hook, _, fd = read_hook(dir_fd, name)
         except FileNotFoundError:
-            return None
+            return None, True
         except HookError as err:
-            log.warning("hook file %s: refused: %s", where, err)
-            return None
+            if err.lasting or self._warned.get(name) != str(err):
+                log.warning("hook file %s: refused: %s", where, err)
+            if not err.lasting:
+                self._warned[name] = str(err)
+            return None, err.lasting
         os.close(fd)
-        return hook
+        self._warned.pop(name, None)
+        return hook, True
 
 
 class Hooks(ResourceKind):
@@ -261,11 +277,11 @@ class Hooks(ResourceKind):
             user = pwd.getpwuid(hook.uid)
             env = hookrun.environment(user, body["env"])
             env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
-            # `exitwatch reap` beside the agent: whoever locks the file runs it; the other
-            # tries again later, and finds it gone. The lock goes with the descriptor.
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            # `exitwatch reap` beside the agent (or the agent before a reload): whoever
+            # locks the file runs it; the other waits for it, on a hook worker, and then
+            # finds it gone (or failed, and runs it itself). No attempt is spent on waiting.
+            # The lock goes with the descriptor.
+            if not _lock(fd, LOCK_WAIT):
                 return Outcome(what, KIND, False, "another exitwatch process is running it")
             if os.fstat(fd).st_nlink == 0:  # the other ran it, and removed it, since we opened it
                 return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
@@ -318,6 +334,20 @@ class Hooks(ResourceKind):
             log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)
             detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
         return Outcome(what, KIND, True, detail, False, extra, tuple(counts))
+
+
+def _lock(fd: int, wait: float) -> bool:
+    """Lock the hook file, waiting up to `wait` seconds for whoever holds it."""
+    deadline, pause = time.monotonic() + wait, 0.05
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+        time.sleep(pause)  # a lock has no wakeup to wait on but a blocking flock, unbounded
+        pause = min(pause * 2, 1.0)
 
 
 def _what(res: Resource) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Mapping, Sequence
 
@@ -108,9 +110,26 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def spool_problem(st: os.stat_result) -> str | None:
+    """What makes a spool one that others could tamper with, or None: not a directory of
+    root's, or writable by others without the sticky bit (which alone keeps one user from
+    removing or replacing another's hooks)."""
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        return "it is not a directory owned by root"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"it has mode {stat.S_IMODE(st.st_mode):04o}: writable, not sticky"
+    return None
+
+
 def _open_spool() -> int:
     # O_PATH: users may add and remove entries in the 1733 spool, not list it.
-    return os.open(hook_dir(), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    path = hook_dir()
+    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    problem = spool_problem(os.fstat(fd))
+    if problem is not None:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"{problem}; others could tamper with hooks", path)
+    return fd
 
 
 def on_death(
@@ -126,7 +145,8 @@ def on_death(
     The command runs as the calling user, in the current directory (or HOME, if that is
     gone by then), with a minimal environment plus `env`, and is killed after `timeout`
     seconds. Raises ValueError for a malformed hook, OSError when the spool is not
-    writable, ProcessLookupError when there is no process `pid`.
+    writable (PermissionError when it is not root's and sticky), ProcessLookupError when
+    there is no process `pid`.
     """
     try:
         cwd = os.getcwd()
@@ -153,14 +173,18 @@ def on_death(
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
         try:
-            os.fchmod(fd, 0o600)  # the agent refuses a hook that others could rewrite
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)  # a crash of the host must not leave an empty hook behind
-        finally:
-            os.close(fd)
-        os.rename(tmp, hook_id + HOOK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            try:
+                os.fchmod(fd, 0o600)  # the agent refuses a hook that others could rewrite
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)  # a crash of the host must not leave an empty hook behind
+            finally:
+                os.close(fd)
+            os.rename(tmp, hook_id + HOOK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dir_fd)  # no one else may remove it from the sticky spool
+            raise
     finally:
         os.close(dir_fd)
     return hook_id

@@ -5,6 +5,7 @@ and where a hook runs."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -16,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -98,6 +100,45 @@ def test_the_spool_is_made_roots_and_sticky_and_a_loose_one_is_refused(tmp_path)
     (tmp_path / "link").symlink_to(path)
     with pytest.raises(ValueError, match="not a directory"):
         ensure_spool(str(tmp_path / "link"))
+
+
+def test_registering_and_reaping_refuse_a_spool_others_could_tamper_with(
+    tmp_path, dead, monkeypatch, caplog
+):
+    canary = tmp_path / "ran"
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)  # not sticky: anyone could remove or replace a hook
+    monkeypatch.setenv(ENV_HOOK_DIR, str(loose))
+    with pytest.raises(PermissionError, match="not sticky"):
+        on_death(["true"])
+    assert os.listdir(loose) == []
+    done = subprocess.run(
+        [sys.executable, "-m", "exitwatch", "on-death", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    [line] = done.stderr.splitlines()
+    assert done.returncode == 1 and "not sticky" in line
+    # A hook found there (as `exitwatch reap` would list it) is not run.
+    write(loose / f"{1:032x}.json", body(dead, ["touch", str(canary)]))
+    caplog.set_level(logging.ERROR)
+    assert Hooks(str(loose)).scan().resources == ()
+    assert any("not sticky; no hook runs" in r.getMessage() for r in caplog.records)
+    assert not canary.exists()
+
+
+def test_a_failed_registration_leaves_no_temporary_file(spool):
+    """A write that fails (here: a spool on a full tmpfs) takes its temporary file with it:
+    no one but its writer could remove it from the sticky spool."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k,mode=1733", "none", spool], check=True)
+    try:
+        with pytest.raises(OSError) as err:
+            on_death(["true", "x" * (HOOK_MAX_BYTES // 2)])
+        assert err.value.errno == errno.ENOSPC
+        assert os.listdir(spool) == []
+    finally:
+        subprocess.run(["umount", spool], check=True)
 
 
 def test_bad_hook_files_are_refused_with_a_warning_and_never_run(

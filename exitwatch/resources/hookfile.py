@@ -13,7 +13,7 @@ import shlex
 import stat
 from dataclasses import dataclass
 
-from exitwatch.contract import HOOK_MAX_BYTES, HOOK_SUFFIX, hook_problem
+from exitwatch.contract import HOOK_MAX_BYTES, HOOK_SUFFIX, hook_problem, spool_problem
 from exitwatch.owner import Owner, OwnerError
 from exitwatch.resources import fsops
 from exitwatch.resources.base import Resource
@@ -123,8 +123,7 @@ def _mount_id(fd: int) -> str:
 
 def ensure_spool(path: str) -> None:
     """Create the spool (root's, mode 1733) if it is missing; raise HookError for one that
-    others could tamper with: not a root-owned directory, or writable by others without
-    the sticky bit (which alone keeps one user from removing another's hooks)."""
+    others could tamper with."""
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         os.makedirs(parent, mode=0o755, exist_ok=True)
@@ -132,8 +131,11 @@ def ensure_spool(path: str) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
         os.chmod(path, SPOOL_MODE)  # past the umask
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-        raise HookError("it is not a directory owned by root")
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise HookError(f"it has mode {stat.S_IMODE(st.st_mode):04o}: writable, not sticky")
+    check_spool(path)
+
+
+def check_spool(path: str) -> None:
+    """HookError for a spool that others could tamper with (see spool_problem)."""
+    problem = spool_problem(os.lstat(path))
+    if problem is not None:
+        raise HookError(problem)

@@ -30,7 +30,15 @@ from exitwatch.owner import Owner, death
 from exitwatch.resources import fsops, hookrun
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.resources.fsops import printable
-from exitwatch.resources.hookfile import KIND, Hook, HookError, check_file, ensure_spool, read_hook
+from exitwatch.resources.hookfile import (
+    KIND,
+    Hook,
+    HookError,
+    check_file,
+    check_spool,
+    ensure_spool,
+    read_hook,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +145,15 @@ class Hooks(ResourceKind):
         self._stop_r = self._stop_w = -1
 
     def scan(self) -> Snapshot:
+        # `exitwatch reap` has not made the spool, as the agent has: it checks it.
+        try:
+            check_spool(self.path)
+        except FileNotFoundError:
+            return Snapshot(KIND, ())
+        except (OSError, HookError) as err:
+            why = err.strerror if isinstance(err, OSError) else str(err)
+            log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
+            return Snapshot(KIND, ())
         found = _Spool(self.path).list()
         return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
 

@@ -4,7 +4,9 @@ and where a hook runs."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import itertools
@@ -34,7 +36,7 @@ from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, hook_problem
 from exitwatch.owner import Owner, OwnerError, owner_of
 from exitwatch.resources import hookfile
 from exitwatch.resources.hookfile import Hook, ensure_spool
-from exitwatch.resources.hooks import Hooks
+from exitwatch.resources.hooks import MAX_PER_UID, Hooks
 
 from procs import kill, spawn_owner, state, wait_for
 
@@ -139,6 +141,26 @@ def test_a_failed_registration_leaves_no_temporary_file(spool):
         assert os.listdir(spool) == []
     finally:
         subprocess.run(["umount", spool], check=True)
+
+
+def test_the_index_holds_a_bounded_number_of_hooks_per_user_and_no_argv(
+    spool, dead, tmp_path, caplog, attacker
+):
+    over = 2
+    for n in range(MAX_PER_UID + over):
+        write(spool / f"{n:032x}.json", body(dead, ["true"]))
+    big = ["true", "x" * (HOOK_MAX_BYTES // 2)]
+    theirs = write(spool / f"{'f' * 32}.json", body(dead, big))
+    os.chown(theirs, attacker.pw_uid, attacker.pw_gid)  # another user's count
+    caplog.set_level(logging.WARNING)
+    found = Hooks(str(spool)).scan().resources
+    by_uid = collections.Counter(h.uid for h in found)
+    assert by_uid == {0: MAX_PER_UID, attacker.pw_uid: 1}
+    capped = [r.getMessage() for r in caplog.records if "more than" in r.getMessage()]
+    assert len(capped) == over
+    # What the index keeps of a hook is small, whatever its command: the run reads it anew.
+    [mine] = [h for h in found if h.uid == attacker.pw_uid]
+    assert all(len(repr(getattr(mine, f.name))) <= 300 for f in dataclasses.fields(mine))
 
 
 def test_bad_hook_files_are_refused_with_a_warning_and_never_run(

@@ -36,12 +36,13 @@ class HookError(ValueError):
 
 @dataclass(frozen=True)
 class Hook(Resource):
-    """A hook file as it was read: who owns the file, which file it was, what it runs."""
+    """A hook file as it was found: who owns the file, and which file it was. What it runs
+    is read again from the file when it runs; the index keeps only `name` (its id and
+    the start of its command), for people."""
 
     uid: int = -1
     ino: int = 0
     dev: int = 0
-    argv: tuple[str, ...] = ()
 
 
 def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
@@ -83,10 +84,9 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
     except BaseException:
         os.close(fd)
         raise
-    argv = tuple(body["argv"])
     hook_id = name.removesuffix(HOOK_SUFFIX)
-    shown = printable(f"{hook_id}: {shlex.join(argv)}"[:200])
-    hook = Hook(KIND, name, owner, shown, None, st.st_uid, st.st_ino, st.st_dev, argv)
+    shown = printable(f"{hook_id}: {shlex.join(body['argv'])}"[:200])
+    hook = Hook(KIND, name, owner, shown, None, st.st_uid, st.st_ino, st.st_dev)
     return hook, body, fd
 
 

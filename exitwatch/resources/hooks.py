@@ -13,6 +13,7 @@ tolerate finding their resource gone already (a DELETE that answers 404, say).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -48,6 +49,7 @@ POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 JOBS = 16  # dead owners whose hooks run at once
 PARALLEL = 8  # hooks of one owner run at once
 PER_UID = 8  # hooks of one user run at once, whatever their owners
+MAX_PER_UID = 1024  # hooks of one user the agent holds; more are refused with a warning
 LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0  # for another exitwatch process running the same hook
 STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -61,6 +63,7 @@ class _Spool:
         self.path = path
         self._seen: dict[str, tuple[tuple[int, ...], Hook | None]] = {}
         self._warned: dict[str, str] = {}  # name: refusal, for refusals not cached in _seen
+        self._capped: set[str] = set()  # names left out as over their user's MAX_PER_UID
         self._unlistable = False
 
     def list(self) -> dict[str, Hook]:
@@ -106,7 +109,27 @@ class _Spool:
         self._seen = seen
         listed = set(names)
         self._warned = {n: w for n, w in self._warned.items() if n in listed}
-        return found
+        return self._cap(found)
+
+    def _cap(self, found: dict[str, Hook]) -> dict[str, Hook]:
+        """`found` without each user's hooks past the first MAX_PER_UID (by name): one
+        user's spool files cannot grow the agent's memory without end."""
+        held: collections.Counter[int] = collections.Counter()
+        capped = set()
+        for name in sorted(found):
+            held[found[name].uid] += 1
+            if held[found[name].uid] > MAX_PER_UID:
+                capped.add(name)
+                if name not in self._capped:
+                    where = printable(os.path.join(self.path, name))
+                    log.warning(
+                        "hook file %s: refused: uid %d has more than %d hooks",
+                        where,
+                        found[name].uid,
+                        MAX_PER_UID,
+                    )
+        self._capped = capped
+        return {n: h for n, h in found.items() if n not in capped}
 
     def _read(self, dir_fd: int, name: str) -> tuple[Hook | None, bool]:
         """The hook in `name`, or None; and whether that answer holds until the file
@@ -310,8 +333,8 @@ class Hooks(ResourceKind):
             if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
                 return _refuse(what, "it changed while being read")
             with self._slot(hook.uid):
-                ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])
-            return self._ran(dir_fd, what, res.key, hook, ran)
+                ran = hookrun.run_as(user, body["argv"], env, body["cwd"], body["timeout"])
+            return self._ran(dir_fd, what, res.key, hook, body["argv"][0], ran)
         except (KeyError, OSError) as err:
             why = err.strerror if isinstance(err, OSError) else "its user vanished"
             log.warning("%s: cannot run: %s", what, why)
@@ -324,10 +347,12 @@ class Hooks(ResourceKind):
         with self._slots_lock:
             return self._slots.setdefault(uid, threading.BoundedSemaphore(PER_UID))
 
-    def _ran(self, dir_fd: int, what: str, name: str, hook: Hook, ran: hookrun.Ran) -> Outcome:
+    def _ran(
+        self, dir_fd: int, what: str, name: str, hook: Hook, argv0: str, ran: hookrun.Ran
+    ) -> Outcome:
         extra = {
             "hook": {
-                "argv0": hook.argv[0],
+                "argv0": argv0,
                 "uid": hook.uid,
                 "returncode": ran.returncode,
                 "timed_out": ran.timed_out,

@@ -20,7 +20,6 @@ import fcntl
 import logging
 import os
 import pwd
-import select
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +27,7 @@ from dataclasses import replace
 
 from exitwatch.contract import HOOK_MAX_TIMEOUT, HOOK_SUFFIX
 from exitwatch.owner import Owner, death
-from exitwatch.resources import fsops, hookrun
+from exitwatch.resources import discovery, fsops, hookrun
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.resources.fsops import printable
 from exitwatch.resources.hookfile import (
@@ -51,7 +50,6 @@ PARALLEL = 8  # hooks of one owner run at once
 PER_UID = 8  # hooks of one user run at once, whatever their owners
 MAX_PER_UID = 1024  # hooks of one user the agent holds; more are refused with a warning
 LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0  # for another exitwatch process running the same hook
-STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
 
@@ -164,8 +162,7 @@ class Hooks(ResourceKind):
         self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hooks")
         self._slots: dict[int, threading.BoundedSemaphore] = {}
         self._slots_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop_r = self._stop_w = -1
+        self._discovery = discovery.Discovery("hook discovery", "exitwatch-hooks")
 
     def scan(self) -> Snapshot:
         # `exitwatch reap` has not made the spool, as the agent has: it checks it.
@@ -188,23 +185,12 @@ class Hooks(ResourceKind):
             log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
             notify(Snapshot(KIND, ()))
             return
-        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
-        self._thread = threading.Thread(
-            target=self._follow, args=(notify,), name="exitwatch-hooks", daemon=True
-        )
-        self._thread.start()
+        self._discovery.start(lambda stop_fd: self._follow(notify, stop_fd))
 
     def stop(self) -> None:
-        if self._thread is None:
-            return
-        os.write(self._stop_w, b"x")
-        self._thread.join(STOP_DEADLINE)
-        if not self._thread.is_alive():
-            os.close(self._stop_r)
-            os.close(self._stop_w)
-        self._thread = None
+        self._discovery.stop()
 
-    def _follow(self, notify: Notify) -> None:
+    def _follow(self, notify: Notify, stop_fd: int) -> None:
         """A Snapshot, then Found and Gone as the spool changes: any event in it makes it
         be listed again (files that did not change are not read again)."""
         spool = _Spool(self.path)
@@ -243,10 +229,14 @@ class Hooks(ResourceKind):
                         if known.get(name) != hook:
                             notify(Found(hook))
                 known = found
-                stop, gone = _wait(self._stop_r, ino)
-                if stop:
+                if ino is None:
+                    if discovery.wait(stop_fd, None, POLL_INTERVAL):
+                        return
+                    continue
+                if discovery.wait(stop_fd, ino.fd, None):
                     return
-                if gone and ino is not None:
+                # Which file changed does not matter: the spool is listed again.
+                if any(mask & _SELF_GONE for _, mask, _ in ino.read()):
                     log.warning(
                         "hook spool %s was removed or moved; rescanning every %gs",
                         printable(self.path),
@@ -408,18 +398,3 @@ def _unlink_same(dir_fd: int, name: str, hook: Hook) -> None:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if (st.st_dev, st.st_ino) == (hook.dev, hook.ino):
             os.unlink(name, dir_fd=dir_fd)
-
-
-def _wait(stop_fd: int, ino: fsops.Inotify | None) -> tuple[bool, bool]:
-    """Wait for a change in the spool (or POLL_INTERVAL without inotify); whether to stop,
-    and whether the spool itself went (its watch with it)."""
-    poller = select.poll()
-    poller.register(stop_fd, select.POLLIN)
-    if ino is not None:
-        poller.register(ino.fd, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll(None if ino is not None else POLL_INTERVAL * 1000)}
-    if stop_fd in ready:
-        return True, False
-    # Which file changed does not matter: the spool is listed again.
-    events = ino.read() if ino is not None else []
-    return False, any(mask & _SELF_GONE for _, mask, _ in events)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import select
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from exitwatch.contract import MARKER
 from exitwatch.resources import fsops
 from exitwatch.resources.base import Found, Gone, Notify, Resource, Snapshot
+from exitwatch.resources.discovery import wait
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
             watcher.sync()
             roots = ", ".join(map(fsops.printable, tree.roots))
             log.info("following workdirs under %s with inotify", roots)
-            while not _wait(stop_fd, watcher.ino.fd, None):
+            while not wait(stop_fd, watcher.ino.fd, None):
                 for wd, mask, name in watcher.ino.read():
                     watcher.handle(wd, mask, name)
             return
@@ -114,18 +114,8 @@ def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
                 notify(Snapshot(kind, tuple(found[p] for p in sorted(found))))
             else:
                 _report(kind, notify, known, found, known.keys() | found.keys())
-        if _wait(stop_fd, None, POLL_INTERVAL):
+        if wait(stop_fd, None, POLL_INTERVAL):
             return
-
-
-def _wait(stop_fd: int, fd: int | None, timeout: float | None) -> bool:
-    """Wait until `fd` is readable or `timeout` passes; True once `stop_fd` is readable."""
-    poller = select.poll()
-    poller.register(stop_fd, select.POLLIN)
-    if fd is not None:
-        poller.register(fd, select.POLLIN)
-    ready = poller.poll(None if timeout is None else timeout * 1000)
-    return any(r == stop_fd for r, _ in ready)
 
 
 class _Watcher:

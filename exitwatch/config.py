@@ -8,6 +8,8 @@ import types
 import typing
 from dataclasses import asdict, dataclass, fields, replace
 
+from exitwatch.contract import HOOK_DIR
+
 SOURCES = ("auto", "ebpf", "netlink", "poll")
 DEFAULT_PATH = "/etc/exitwatch/config.toml"
 
@@ -36,7 +38,7 @@ class Config:
     """Removals run in parallel on this many threads."""
     reap_attempts: int = 3
     """A removal that fails is tried this many times in all, with growing delays."""
-    hook_dir: str = "/var/spool/exitwatch/hooks"
+    hook_dir: str = HOOK_DIR
     """The spool of on-death hooks (root's, mode 1733; the agent creates it)."""
     status_socket: str = "/run/exitwatch/exitwatch.sock"
     """The read-only unix socket that `exitwatch status` asks."""

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ from test_workdirs import attacker as attacker  # the unprivileged user, as a fi
 
 from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
-from exitwatch.owner import Owner, owner_of
+from exitwatch.owner import Owner
 from exitwatch.resources import hookfile
 from exitwatch.resources.hookfile import Hook, ensure_spool
 from exitwatch.resources.hooks import MAX_PER_UID, Hooks
@@ -45,27 +44,6 @@ EXAMPLES = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-@pytest.fixture
-def spool(monkeypatch) -> Iterator[Path]:
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-hooks-", dir="/tmp"))
-    os.chmod(top, 0o755)
-    path = top / "hooks"
-    ensure_spool(str(path))
-    monkeypatch.setenv(ENV_HOOK_DIR, str(path))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(top)
-
-
-@pytest.fixture(scope="module")
-def dead() -> Owner:
-    child = spawn_owner()
-    owner = owner_of(child.pid)
-    kill(child)
-    return owner
 
 
 def body(owner: Owner, argv: list[str], **over: object) -> dict:
@@ -105,7 +83,7 @@ def test_the_spool_is_made_roots_and_sticky_and_a_loose_one_is_refused(tmp_path)
 
 
 def test_registering_and_reaping_refuse_a_spool_others_could_tamper_with(
-    tmp_path, dead, monkeypatch, caplog
+    tmp_path, dead_owner, monkeypatch, caplog
 ):
     canary = tmp_path / "ran"
     loose = tmp_path / "loose"
@@ -123,7 +101,7 @@ def test_registering_and_reaping_refuse_a_spool_others_could_tamper_with(
     [line] = done.stderr.splitlines()
     assert done.returncode == 1 and "not sticky" in line
     # A hook found there (as `exitwatch reap` would list it) is not run.
-    write(loose / f"{1:032x}.json", body(dead, ["touch", str(canary)]))
+    write(loose / f"{1:032x}.json", body(dead_owner, ["touch", str(canary)]))
     caplog.set_level(logging.ERROR)
     assert Hooks(str(loose)).scan().resources == ()
     assert any("not sticky; no hook runs" in r.getMessage() for r in caplog.records)
@@ -144,13 +122,13 @@ def test_a_failed_registration_leaves_no_temporary_file(spool):
 
 
 def test_the_index_holds_a_bounded_number_of_hooks_per_user_and_no_argv(
-    spool, dead, tmp_path, caplog, attacker
+    spool, dead_owner, tmp_path, caplog, attacker
 ):
     over = 2
     for n in range(MAX_PER_UID + over):
-        write(spool / f"{n:032x}.json", body(dead, ["true"]))
+        write(spool / f"{n:032x}.json", body(dead_owner, ["true"]))
     big = ["true", "x" * (HOOK_MAX_BYTES // 2)]
-    theirs = write(spool / f"{'f' * 32}.json", body(dead, big))
+    theirs = write(spool / f"{'f' * 32}.json", body(dead_owner, big))
     os.chown(theirs, attacker.pw_uid, attacker.pw_gid)  # another user's count
     caplog.set_level(logging.WARNING)
     found = Hooks(str(spool)).scan().resources
@@ -164,10 +142,10 @@ def test_the_index_holds_a_bounded_number_of_hooks_per_user_and_no_argv(
 
 
 def test_bad_hook_files_are_refused_with_a_warning_and_never_run(
-    spool, dead, tmp_path, caplog, attacker
+    spool, dead_owner, tmp_path, caplog, attacker
 ):
     canary = tmp_path / "ran"
-    good = body(dead, ["touch", str(canary)])
+    good = body(dead_owner, ["touch", str(canary)])
     elsewhere = write(tmp_path / "elsewhere.json", good)
     linked = write(tmp_path / "linked.json", good)
     cases = {
@@ -178,7 +156,9 @@ def test_bad_hook_files_are_refused_with_a_warning_and_never_run(
         "a hard link": lambda p: os.link(linked, p),
         "world-writable": lambda p: write(p, good, 0o606),
         "group-writable": lambda p: write(p, good, 0o620),
-        "too large": lambda p: write(p, body(dead, ["touch", str(canary), "x" * HOOK_MAX_BYTES])),
+        "too large": lambda p: write(
+            p, body(dead_owner, ["touch", str(canary), "x" * HOOK_MAX_BYTES])
+        ),
         "not JSON": lambda p: write(p, b'{"owner": '),
         "a bad owner": lambda p: write(p, good | {"owner": "1:2:3"}),
         "of a uid with no passwd entry": lambda p: (write(p, good), os.chown(p, 54321, 54321)),
@@ -198,23 +178,23 @@ def test_bad_hook_files_are_refused_with_a_warning_and_never_run(
     path = write(spool / f"{99:032x}.json", good)
     [hook] = kind.scan().resources
     os.chmod(path, 0o622)
-    [outcome] = kind.remove(dead, [hook], dry_run=False)
+    [outcome] = kind.remove(dead_owner, [hook], dry_run=False)
     assert outcome.refused and "writable by group or others" in outcome.detail
     os.chmod(path, 0o600)
     os.chown(path, attacker.pw_uid, attacker.pw_gid)  # another uid than was found
-    [outcome] = kind.remove(dead, [hook], dry_run=False)
+    [outcome] = kind.remove(dead_owner, [hook], dry_run=False)
     assert outcome.refused and "replaced" in outcome.detail
     assert not canary.exists()
 
 
 @pytest.mark.parametrize("source", ["same filesystem", "tmpfs"])
-def test_a_file_mounted_over_a_users_hook_is_refused(spool, dead, tmp_path, attacker, source):
+def test_a_file_mounted_over_a_users_hook_is_refused(spool, dead_owner, tmp_path, attacker, source):
     """A user who can mount over their own hook file (FUSE with user_allow_other) answers
     root's fstat as they like: uid 0, one link, mode 0600. A bind mount of a root-owned
     file plays that part here (no FUSE on the test machine): from the spool's own
     filesystem (the device is the same, the mount is not), and from a tmpfs."""
     canary = tmp_path / "ran"
-    hook_file = write(spool / f"{5:032x}.json", body(dead, ["touch", str(canary)]))
+    hook_file = write(spool / f"{5:032x}.json", body(dead_owner, ["touch", str(canary)]))
     os.chown(hook_file, attacker.pw_uid, attacker.pw_gid)
     kind = Hooks(str(spool))
     [found] = kind.scan().resources  # the user's own hook, found before the mount
@@ -225,12 +205,12 @@ def test_a_file_mounted_over_a_users_hook_is_refused(spool, dead, tmp_path, atta
         if source == "tmpfs":
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "none", host], check=True)
             mounts.append(host)
-        roots = write(host / "roots.json", body(dead, ["touch", str(canary)]))
+        roots = write(host / "roots.json", body(dead_owner, ["touch", str(canary)]))
         subprocess.run(["mount", "--bind", roots, hook_file], check=True)
         mounts.insert(0, hook_file)
         assert hook_file.stat().st_uid == 0  # what root's checks now see
         assert kind.scan().resources == ()
-        [outcome] = kind.remove(dead, [found], dry_run=False)
+        [outcome] = kind.remove(dead_owner, [found], dry_run=False)
         assert outcome.refused and "mounted over" in outcome.detail, outcome
         assert not canary.exists()
     finally:
@@ -238,10 +218,12 @@ def test_a_file_mounted_over_a_users_hook_is_refused(spool, dead, tmp_path, atta
             subprocess.run(["umount", path], check=True)
 
 
-def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead, tmp_path):
+def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead_owner, tmp_path):
     pids, leader, quick = tmp_path / "pids", tmp_path / "leader", tmp_path / "quick"
     script = f"sleep 1000 & echo $! > {pids}; echo $$ > {leader}.tmp; mv {leader}.tmp {leader}"
-    write(spool / f"{1:032x}.json", body(dead, ["sh", "-c", script + "; sleep 1000"], timeout=3))
+    write(
+        spool / f"{1:032x}.json", body(dead_owner, ["sh", "-c", script + "; sleep 1000"], timeout=3)
+    )
     # The same owner's next hook does not wait for the hung one: they run side by side, so
     # it sees the hung one running (run after it, it would find it killed; run before it,
     # it would wait for it in vain and fail).
@@ -249,10 +231,10 @@ def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead, 
         f"for i in $(seq 300); do [ -s {leader} ] && break; sleep 0.1; done; "
         f'kill -0 "$(cat {leader})" && echo running > {quick}'
     )
-    write(spool / f"{2:032x}.json", body(dead, ["sh", "-c", seen], timeout=60))
+    write(spool / f"{2:032x}.json", body(dead_owner, ["sh", "-c", seen], timeout=60))
     kind = Hooks(str(spool))
     hooks = list(kind.scan().resources)
-    outcome, fine = kind.remove(dead, hooks, dry_run=False)
+    outcome, fine = kind.remove(dead_owner, hooks, dry_run=False)
     assert fine.ok and quick.read_text() == "running\n", fine
     assert not outcome.ok and "timed out" in outcome.detail
     assert outcome.extra["hook"]["timed_out"] and outcome.counts == ("hook_runs", "hook_timeouts")
@@ -262,11 +244,11 @@ def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead, 
 
 
 def test_a_hook_leaves_nothing_running_and_does_not_keep_the_agents_oom_score(
-    spool, dead, tmp_path
+    spool, dead_owner, tmp_path
 ):
     pids, score = tmp_path / "pids", tmp_path / "score"
     script = f"cat /proc/self/oom_score_adj > {score}; sleep 300 & echo $! > {pids}; exit 0"
-    write(spool / f"{6:032x}.json", body(dead, ["sh", "-c", script]))
+    write(spool / f"{6:032x}.json", body(dead_owner, ["sh", "-c", script]))
     kind = Hooks(str(spool))
     adj = Path("/proc/self/oom_score_adj")
     before = adj.read_text()
@@ -274,7 +256,7 @@ def test_a_hook_leaves_nothing_running_and_does_not_keep_the_agents_oom_score(
     # CAP_SYS_RESOURCE, which the test machine may lack, so a raised score stands in.
     adj.write_text("300")
     try:
-        [outcome] = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+        [outcome] = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
     finally:
         adj.write_text(before)
     assert outcome.ok, outcome
@@ -283,16 +265,18 @@ def test_a_hook_leaves_nothing_running_and_does_not_keep_the_agents_oom_score(
     wait_for(lambda: state(child) in (None, "Z"), 10, "the hook's leftover sleep to be killed")
 
 
-def test_a_hook_locked_by_another_runner_is_waited_for_and_not_run_twice(spool, dead, tmp_path):
+def test_a_hook_locked_by_another_runner_is_waited_for_and_not_run_twice(
+    spool, dead_owner, tmp_path
+):
     canary = tmp_path / "ran"
-    path = write(spool / f"{4:032x}.json", body(dead, ["touch", str(canary)]))
+    path = write(spool / f"{4:032x}.json", body(dead_owner, ["touch", str(canary)]))
     kind = Hooks(str(spool))
     [hook] = kind.scan().resources
     outcomes: list = []
     with path.open() as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as `exitwatch reap` running it would
         waiter = threading.Thread(
-            target=lambda: outcomes.extend(kind.remove(dead, [hook], dry_run=False))
+            target=lambda: outcomes.extend(kind.remove(dead_owner, [hook], dry_run=False))
         )
         waiter.start()
         wait_for(lambda: _opens(path), 30, "the runner to open the hook file")
@@ -312,13 +296,13 @@ def _opens(path: Path) -> bool:
     return sum(os.path.realpath(f"/proc/self/fd/{fd}") == str(path) for fd in fds) > 1
 
 
-def test_a_hook_refused_for_an_unknown_uid_is_looked_at_again(spool, dead, tmp_path):
+def test_a_hook_refused_for_an_unknown_uid_is_looked_at_again(spool, dead_owner, tmp_path):
     """A user lookup that fails (NSS, LDAP for a moment) is not remembered until the file
     changes: a later listing of the spool looks again. Here the uid gains its entry."""
     uid, name = 54329, "exitwatch-nss-test"
     with contextlib.suppress(KeyError):
         pytest.skip(f"uid {uid} exists here: {pwd.getpwuid(uid).pw_name}")
-    path = write(spool / f"{7:032x}.json", body(dead, ["true"]))
+    path = write(spool / f"{7:032x}.json", body(dead_owner, ["true"]))
     os.chown(path, uid, uid)
     changes: queue.SimpleQueue = queue.SimpleQueue()
     kind = Hooks(str(spool))
@@ -330,7 +314,7 @@ def test_a_hook_refused_for_an_unknown_uid_is_looked_at_again(spool, dead, tmp_p
             check=True,
         )
         try:
-            write(spool / f"{8:032x}.json", body(dead, ["true"]))  # any change lists again
+            write(spool / f"{8:032x}.json", body(dead_owner, ["true"]))  # any change lists again
             found = set()
             while path.name not in found:
                 found.add(changes.get(timeout=30).resource.key)
@@ -354,7 +338,7 @@ def test_a_live_owners_hook_is_refused_at_run_time(spool, tmp_path):
         kill(owner)
 
 
-def test_a_hook_runs_where_its_user_may_go(spool, dead, tmp_path, attacker):
+def test_a_hook_runs_where_its_user_may_go(spool, dead_owner, tmp_path, attacker):
     """The recorded directory is entered as the user: a symlink into a place the user
     cannot reach leads to HOME (here /nonexistent, so /) instead."""
     hidden = tmp_path / "hidden"
@@ -365,12 +349,14 @@ def test_a_hook_runs_where_its_user_may_go(spool, dead, tmp_path, attacker):
     try:
         (out / "door").symlink_to(hidden / "inner")
         for n, cwd in enumerate([str(out), str(out / "door")]):
-            path = write(spool / f"{n:032x}.json", body(dead, ["sh", "-c", f"pwd > {out}/{n}"]))
+            path = write(
+                spool / f"{n:032x}.json", body(dead_owner, ["sh", "-c", f"pwd > {out}/{n}"])
+            )
             os.chown(path, attacker.pw_uid, attacker.pw_gid)
             data = json.loads(path.read_text()) | {"cwd": cwd}
             path.write_text(json.dumps(data))
         kind = Hooks(str(spool))
-        outcomes = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+        outcomes = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
         assert all(o.ok for o in outcomes), outcomes
         assert (out / "0").read_text() == f"{out}\n"
         assert (out / "1").read_text() in (f"{attacker.pw_dir}\n", "/\n")
@@ -378,31 +364,31 @@ def test_a_hook_runs_where_its_user_may_go(spool, dead, tmp_path, attacker):
         shutil.rmtree(out)
 
 
-def test_environment_and_death_are_handed_over(spool, dead, tmp_path):
+def test_environment_and_death_are_handed_over(spool, dead_owner, tmp_path):
     env_out = tmp_path / "env"
     hook_id = on_death(["sh", "-c", f"env > {env_out}"], env={"SANDBOX": "sbx-9"})
-    # Rewritten to a dead owner, as the agent would find it after a SIGKILL.
+    # Rewritten to a dead_owner owner, as the agent would find it after a SIGKILL.
     path = spool / f"{hook_id}.json"
-    write(path, json.loads(path.read_text()) | {"owner": str(dead)})
+    write(path, json.loads(path.read_text()) | {"owner": str(dead_owner)})
     kind = Hooks(str(spool))
     [hook] = kind.scan().resources
-    [outcome] = kind.reap(dead, [hook], False, "killed by SIGKILL (process gone)")
+    [outcome] = kind.reap(dead_owner, [hook], False, "killed by SIGKILL (process gone)")
     assert outcome.ok and outcome.key == hook.key
     env = dict(line.split("=", 1) for line in env_out.read_text().splitlines())
     assert env["SANDBOX"] == "sbx-9"
-    assert env["EXITWATCH_DEAD_OWNER"] == str(dead)
+    assert env["EXITWATCH_DEAD_OWNER"] == str(dead_owner)
     assert env["EXITWATCH_DEATH"] == "killed by SIGKILL (process gone)"
     assert env["USER"] == "root" and env["HOME"] and env["PATH"] and env["LANG"]
     assert not path.exists()
     # Ran once: its file is gone, so the same resource never runs again.
-    [again] = kind.remove(dead, [hook], dry_run=False)
+    [again] = kind.remove(dead_owner, [hook], dry_run=False)
     assert again.ok and "already gone" in again.detail
 
 
-def test_a_lone_surrogate_is_refused_with_a_warning(spool, dead, tmp_path, caplog):
+def test_a_lone_surrogate_is_refused_with_a_warning(spool, dead_owner, tmp_path, caplog):
     """JSON may carry "\\ud800", which decodes to a str that exec cannot take."""
     canary = tmp_path / "ran"
-    good = body(dead, ["touch", str(canary)])
+    good = body(dead_owner, ["touch", str(canary)])
     bad = [
         good | {"argv": ["touch", str(canary), "\ud800"]},
         good | {"env": {"X": "\udfff"}},
@@ -419,16 +405,18 @@ def test_a_lone_surrogate_is_refused_with_a_warning(spool, dead, tmp_path, caplo
     assert not canary.exists()
 
 
-def test_one_hook_that_raises_costs_the_others_nothing(spool, dead, tmp_path, caplog, monkeypatch):
+def test_one_hook_that_raises_costs_the_others_nothing(
+    spool, dead_owner, tmp_path, caplog, monkeypatch
+):
     """A hook that raises where it runs (here a lone surrogate, let through as the shape
     check once did) gets one log line and a failed outcome; its sibling runs."""
     monkeypatch.setattr(hookfile, "hook_problem", lambda body: None)
     canary = tmp_path / "ran"
-    write(spool / f"{1:032x}.json", body(dead, ["touch", str(canary), "\ud800"]))
-    write(spool / f"{2:032x}.json", body(dead, ["touch", str(canary)]))
+    write(spool / f"{1:032x}.json", body(dead_owner, ["touch", str(canary), "\ud800"]))
+    write(spool / f"{2:032x}.json", body(dead_owner, ["touch", str(canary)]))
     kind = Hooks(str(spool))
     caplog.set_level(logging.WARNING)
-    raising, fine = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+    raising, fine = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
     assert fine.ok and canary.exists(), fine
     assert not raising.ok and not raising.refused and "UnicodeEncodeError" in raising.detail
     assert raising.key == f"{1:032x}.json"
@@ -436,12 +424,12 @@ def test_one_hook_that_raises_costs_the_others_nothing(spool, dead, tmp_path, ca
     assert line.exc_info is None  # one line, no traceback
 
 
-def _fuzzed(dead: Owner, canary: Path) -> st.SearchStrategy[bytes]:
+def _fuzzed(dead_owner: Owner, canary: Path) -> st.SearchStrategy[bytes]:
     """Hook files that are bad by construction, each for a reason of its own, so that the
     oracle owes nothing to the code under test: a good hook with one key dropped, one
     unknown key added, or one value that breaks the contract; anything but an object;
     random bytes."""
-    good = body(dead, ["touch", str(canary)])
+    good = body(dead_owner, ["touch", str(canary)])
     scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
     values = st.recursive(
         scalars,
@@ -487,13 +475,13 @@ def _fuzzed(dead: Owner, canary: Path) -> st.SearchStrategy[bytes]:
     return shapes.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=300)
 
 
-def test_fuzzed_hook_files_are_refused_and_never_run(spool, dead, tmp_path, caplog):
+def test_fuzzed_hook_files_are_refused_and_never_run(spool, dead_owner, tmp_path, caplog):
     canary = tmp_path / "ran"
     kind = Hooks(str(spool))
     names = itertools.count()
 
     @EXAMPLES
-    @given(data=_fuzzed(dead, canary))
+    @given(data=_fuzzed(dead_owner, canary))
     def one(data: bytes) -> None:
         path = spool / f"{next(names):032x}.json"
         path.write_bytes(data)
@@ -510,9 +498,9 @@ def test_fuzzed_hook_files_are_refused_and_never_run(spool, dead, tmp_path, capl
             # found), it refuses it again, for the same reason.
             st_ = path.stat()
             fake = Hook(
-                "hook", path.name, dead, path.name, None, st_.st_uid, st_.st_ino, st_.st_dev
+                "hook", path.name, dead_owner, path.name, None, st_.st_uid, st_.st_ino, st_.st_dev
             )
-            [outcome] = kind.remove(dead, [fake], dry_run=False)
+            [outcome] = kind.remove(dead_owner, [fake], dry_run=False)
             assert outcome.refused and outcome.detail == why, (outcome, why)
         finally:
             path.unlink()  # each example stands alone, a failing one too
@@ -523,11 +511,11 @@ def test_fuzzed_hook_files_are_refused_and_never_run(spool, dead, tmp_path, capl
 
 
 def test_the_runner_kills_on_timeout_even_a_group_leader_that_ignores_sigterm(
-    spool, dead, tmp_path
+    spool, dead_owner, tmp_path
 ):
     script = "trap '' TERM; while :; do sleep 1; done"
-    write(spool / f"{3:032x}.json", body(dead, ["sh", "-c", script], timeout=0.3))
+    write(spool / f"{3:032x}.json", body(dead_owner, ["sh", "-c", script], timeout=0.3))
     kind = Hooks(str(spool))
-    [outcome] = kind.remove(dead, list(kind.scan().resources), dry_run=False)
+    [outcome] = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
     assert outcome.extra["hook"]["timed_out"]
     assert outcome.extra["hook"]["returncode"] == -signal.SIGKILL

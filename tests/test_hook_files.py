@@ -34,8 +34,10 @@ from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
 from exitwatch.owner import Owner
 from exitwatch.resources import hookfile
+from exitwatch.resources.base import Found, Gone
 from exitwatch.resources.hookfile import Hook, ensure_spool
-from exitwatch.resources.hooks import MAX_PER_UID, Hooks
+from exitwatch.resources.hooks import Hooks
+from exitwatch.resources.hookspool import MAX_PER_UID
 
 from procs import kill, spawn_owner, state, wait_for
 
@@ -288,6 +290,40 @@ def test_a_hook_locked_by_another_runner_is_waited_for_and_not_run_twice(
     # Waited for, not counted as a failed attempt: the other ran it, this one did not.
     assert outcome.ok and "already gone" in outcome.detail, outcome
     assert not canary.exists()
+
+
+def test_following_the_spool_reports_each_change(spool, dead_owner, tmp_path):
+    """Hooks added, replaced by a rename over them, and removed, while the spool is
+    followed: each event's names are looked at again, and only what changed is told."""
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    kind.start(changes.put)
+
+    def put(name: str, argv: list[str]) -> Path:
+        tmp = write(spool / f".{name}.tmp", body(dead_owner, argv))
+        return tmp.rename(spool / name)  # as on_death writes a hook
+
+    def next_change() -> Found | Gone:
+        return changes.get(timeout=30)
+
+    a, b = f"{10:032x}.json", f"{11:032x}.json"
+    try:
+        assert changes.get(timeout=30).resources == ()
+        put(a, ["echo", "a"])
+        assert (found := next_change()).resource.key == a and "echo a" in found.resource.name
+        put(b, ["echo", "b"])
+        assert next_change().resource.key == b
+        os.replace(spool / b, spool / a)
+        told = {next_change(), next_change()}
+        assert {type(c) for c in told} == {Found, Gone}
+        [renamed] = [c for c in told if isinstance(c, Found)]
+        assert renamed.resource.key == a and "echo b" in renamed.resource.name
+        assert Gone("hook", b) in told
+        (spool / a).unlink()
+        assert next_change() == Gone("hook", a)
+        assert changes.empty()
+    finally:
+        kind.stop()
 
 
 def _opens(path: Path) -> bool:

@@ -21,6 +21,7 @@ from exitwatch.resources.fsops import printable
 
 KIND = "hook"
 SPOOL_MODE = 0o1733
+SPOOL_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 

@@ -13,9 +13,7 @@ tolerate finding their resource gone already (a DELETE that answers 404, say).
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -25,13 +23,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from exitwatch.contract import HOOK_MAX_TIMEOUT, HOOK_SUFFIX
+from exitwatch.contract import HOOK_MAX_TIMEOUT
 from exitwatch.owner import Owner, death
 from exitwatch.resources import discovery, fsops, hookrun
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.resources.fsops import printable
 from exitwatch.resources.hookfile import (
     KIND,
+    SPOOL_OPEN,
     Hook,
     HookError,
     check_file,
@@ -39,6 +38,7 @@ from exitwatch.resources.hookfile import (
     ensure_spool,
     read_hook,
 )
+from exitwatch.resources.hookspool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -48,108 +48,8 @@ POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 JOBS = 16  # dead owners whose hooks run at once
 PARALLEL = 8  # hooks of one owner run at once
 PER_UID = 8  # hooks of one user run at once, whatever their owners
-MAX_PER_UID = 1024  # hooks of one user the agent holds; more are refused with a warning
 LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0  # for another exitwatch process running the same hook
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
-
-
-class _Spool:
-    """The hooks in the spool, read again only when a file changed. One per thread."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._seen: dict[str, tuple[tuple[int, ...], Hook | None]] = {}
-        self._warned: dict[str, str] = {}  # name: refusal, for refusals not cached in _seen
-        self._capped: set[str] = set()  # names left out as over their user's MAX_PER_UID
-        self._unlistable = False
-
-    def list(self) -> dict[str, Hook]:
-        try:
-            dir_fd = os.open(self.path, _DIR)
-        except OSError as err:
-            if not self._unlistable and err.errno != errno.ENOENT:
-                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
-            self._unlistable = True
-            return {}
-        try:
-            return self._list(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-    def _list(self, dir_fd: int) -> dict[str, Hook]:
-        seen, found = {}, {}
-        try:
-            names = os.listdir(dir_fd)
-        except OSError as err:
-            if not self._unlistable:
-                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
-            self._unlistable = True
-            return {}
-        self._unlistable = False
-        for name in names:
-            if name.startswith("."):  # a hook being written
-                continue
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:  # gone since the listing
-                continue
-            sig = (st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)
-            old = self._seen.get(name)
-            if old is not None and old[0] == sig:
-                seen[name], hook = old, old[1]
-            else:
-                hook, lasting = self._read(dir_fd, name)
-                if lasting:
-                    seen[name] = (sig, hook)
-            if hook is not None:
-                found[name] = hook
-        self._seen = seen
-        listed = set(names)
-        self._warned = {n: w for n, w in self._warned.items() if n in listed}
-        return self._cap(found)
-
-    def _cap(self, found: dict[str, Hook]) -> dict[str, Hook]:
-        """`found` without each user's hooks past the first MAX_PER_UID (by name): one
-        user's spool files cannot grow the agent's memory without end."""
-        held: collections.Counter[int] = collections.Counter()
-        capped = set()
-        for name in sorted(found):
-            held[found[name].uid] += 1
-            if held[found[name].uid] > MAX_PER_UID:
-                capped.add(name)
-                if name not in self._capped:
-                    where = printable(os.path.join(self.path, name))
-                    log.warning(
-                        "hook file %s: refused: uid %d has more than %d hooks",
-                        where,
-                        found[name].uid,
-                        MAX_PER_UID,
-                    )
-        self._capped = capped
-        return {n: h for n, h in found.items() if n not in capped}
-
-    def _read(self, dir_fd: int, name: str) -> tuple[Hook | None, bool]:
-        """The hook in `name`, or None; and whether that answer holds until the file
-        changes (a refusal that may not, such as an unanswered user lookup, is looked at
-        again at the next listing, and warned about once)."""
-        where = printable(os.path.join(self.path, name))
-        if not name.endswith(HOOK_SUFFIX):
-            log.warning("hook file %s: refused: its name does not end in %s", where, HOOK_SUFFIX)
-            return None, True
-        try:
-            hook, _, fd = read_hook(dir_fd, name)
-        except FileNotFoundError:
-            return None, True
-        except HookError as err:
-            if err.lasting or self._warned.get(name) != str(err):
-                log.warning("hook file %s: refused: %s", where, err)
-            if not err.lasting:
-                self._warned[name] = str(err)
-            return None, err.lasting
-        os.close(fd)
-        self._warned.pop(name, None)
-        return hook, True
 
 
 class Hooks(ResourceKind):
@@ -174,7 +74,7 @@ class Hooks(ResourceKind):
             why = err.strerror if isinstance(err, OSError) else str(err)
             log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
             return Snapshot(KIND, ())
-        found = _Spool(self.path).list()
+        found = Spool(self.path).list()
         return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
 
     def start(self, notify: Notify) -> None:
@@ -191,14 +91,17 @@ class Hooks(ResourceKind):
         self._discovery.stop()
 
     def _follow(self, notify: Notify, stop_fd: int) -> None:
-        """A Snapshot, then Found and Gone as the spool changes: any event in it makes it
-        be listed again (files that did not change are not read again)."""
-        spool = _Spool(self.path)
+        """A Snapshot, then Found and Gone as the spool changes. With inotify, the names an
+        event gives are looked at again, not the whole spool (a change that raises no
+        event, a chmod, is seen at the file's next event or the next whole listing); a
+        file that did not change is never read again."""
+        spool = Spool(self.path)
         known: dict[str, Hook] | None = None
+        changed: set[str] | None = None  # None: list the whole spool
         ino = None
         try:
             ino = fsops.Inotify()
-            dir_fd = os.open(self.path, _DIR)
+            dir_fd = os.open(self.path, SPOOL_OPEN)
             try:
                 ino.watch(dir_fd, self.path, 0)
             finally:
@@ -216,9 +119,10 @@ class Hooks(ResourceKind):
         try:
             while True:
                 try:
-                    found = spool.list()
+                    found = spool.list(changed)
                 except Exception:  # it must not die, or no hook is seen again
                     log.exception("listing the hook spool failed; trying again")
+                    spool = Spool(self.path)  # what it knew may be half updated
                     found = known or {}
                 if known is None:
                     notify(Snapshot(KIND, tuple(found[n] for n in sorted(found))))
@@ -232,11 +136,17 @@ class Hooks(ResourceKind):
                 if ino is None:
                     if discovery.wait(stop_fd, None, POLL_INTERVAL):
                         return
+                    changed = None
                     continue
                 if discovery.wait(stop_fd, ino.fd, None):
                     return
-                # Which file changed does not matter: the spool is listed again.
-                if any(mask & _SELF_GONE for _, mask, _ in ino.read()):
+                # Only the names the events give are looked at again; an overflow (events
+                # lost) or an event without a name, the whole spool.
+                events = ino.read()
+                changed = {name for _, _, name in events}
+                if "" in changed:
+                    changed = None
+                if any(mask & _SELF_GONE for _, mask, _ in events):
                     log.warning(
                         "hook spool %s was removed or moved; rescanning every %gs",
                         printable(self.path),
@@ -261,7 +171,7 @@ class Hooks(ResourceKind):
             why = f"its owner {owner} is alive"
             return [Outcome(_what(r), KIND, False, why, True, key=r.key) for r in resources]
         try:
-            dir_fd = os.open(self.path, _DIR)
+            dir_fd = os.open(self.path, SPOOL_OPEN)
         except OSError as err:
             why = f"failed: spool {printable(self.path)}: {err.strerror}"
             return [Outcome(_what(r), KIND, False, why, key=r.key) for r in resources]

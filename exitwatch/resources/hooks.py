@@ -59,7 +59,7 @@ class Hooks(ResourceKind):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hooks")
+        self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hook-run")
         self._slots: dict[int, threading.BoundedSemaphore] = {}
         self._slots_lock = threading.Lock()
         self._discovery = discovery.Discovery("hook discovery", "exitwatch-hooks")

@@ -182,6 +182,7 @@ def test_sigterm_abandons_a_hung_removal_at_the_deadline_and_the_next_start_redo
     again = run_agent(root=mnt)
     wait_gone(None, paths=[path])
     again.wait_log(f"reaped workdir {path}")
+    again.stop()  # before the file system it watches is unmounted
 
 
 # -- metrics --------------------------------------------------------------------------------

@@ -85,7 +85,12 @@ def test_since_refuses_what_is_neither_a_duration_nor_a_date(text):
 
 
 def test_since_on_the_command_line_is_one_line(tmp_path):
-    done = status(str(tmp_path / "none.sock"), "--since", "soon")
+    # No agent and no engine: the scan that stands in for the agent finds nothing.
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'workdir_roots = ["{tmp_path}"]\ndocker_host = "unix://{tmp_path}/no-engine.sock"\n'
+    )
+    done = status(str(tmp_path / "none.sock"), "--config", str(config), "--since", "soon")
     assert done.returncode == 2
     assert "Invalid value for --since: 'soon' is neither a duration" in done.stderr
     assert "Traceback" not in done.stderr

@@ -161,7 +161,6 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
                         sizes.storm_owners,
                         root,
                         args.bindir,
-                        v == "netlink",
                         seed,
                     )
                     for seed, v in enumerate(("netlink", "netlink-nofilter", "ebpf"))

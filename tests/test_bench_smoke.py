@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -80,16 +81,26 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
         if "unavailable" in r:
             assert r["source"] == "ebpf", r  # netlink and poll run on every test host
             continue
-        for key in ("container_ms", "workdir_ms", "floor_api_ms", "floor_cli_ms"):
+        for key in ("container_ms", "workdir_ms", "floor_api_ms", "floor_cli_ms", "overhead_ms"):
             _dist(r[key])
         assert r["container_ms"]["n"] + r["missed"] == r["trials"]
+        # One paired difference per trial that was not missed.
+        assert r["overhead_ms"]["n"] == r["container_ms"]["n"]
 
     for r in results["sections"]["storm"]:
         if "unavailable" in r:
             continue
         assert r["exits"] > r["owners"]
         assert r["container_ms"]["n"] <= r["owners"] and r["missed"] <= r["owners"]
-        assert {"agent", "floor"} <= set(r["cpu_s_per_100k_exits"])
+        readers = {"agent", "floor"} | ({"forkstat"} if shutil.which("forkstat") else set())
+        assert readers <= set(r["cpu_s_per_100k_exits"])  # every storm has its own
+        assert r["events_lost"] >= 0 and r["resyncs"] >= 0
+        if r["variant"] == "netlink-nofilter":
+            assert r["exit_filter"] is False
+            assert "the benchmark turned the exit-only filter off" in r["source_line"]
+            assert "< 6.6" not in r["source_line"]
+        elif r["variant"] == "netlink":
+            assert r["exit_filter"] is True
 
     idle = results["sections"]["idle"]
     assert idle["watching"] == idle["owners"] and idle["rss_mb"] > 0

@@ -709,19 +709,23 @@ def test_remove_refuses_a_missing_or_malformed_marker(root: Path, owner: Owner) 
     assert bare.exists() and bad.exists()
 
 
-def test_remove_keeps_a_nested_workdir_of_another_owner(root: Path, owner: Owner) -> None:
+def test_remove_keeps_a_nested_workdir_of_another_owner_while_it_lives(
+    root: Path, owner: Owner
+) -> None:
     wd = marked(root / "wd")
     (wd / "mine").write_text("goes")
-    nested = marked(
-        wd / "theirs", json.dumps({"owner": str(Owner(current_boot_id(), 1, 1))}).encode()
-    )
+    alive = owner_of()
+    nested = marked(wd / "theirs", json.dumps({"owner": str(alive)}).encode())
     (nested / "data").write_text("stays")
+    dead = marked(wd / "dead", json.dumps({"owner": str(Owner(current_boot_id(), 1, 1))}).encode())
 
     [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
 
-    assert out.refused and "theirs" in out.detail and "another owner" in out.detail
+    assert out.refused and "theirs" in out.detail and "who is alive" in out.detail
     assert (nested / "data").read_text() == "stays"
     assert not (wd / "mine").exists()
+    # A nested workdir of a dead owner is not spared: it would leak for good.
+    assert not dead.exists()
 
 
 def test_dry_run_touches_nothing(root: Path, owner: Owner) -> None:

@@ -317,3 +317,36 @@ def test_status_shows_escape_sequences_in_pending_orphans_escaped(root, attacker
     pending = done.stdout.split("orphans pending: 1", 1)[1]
     assert repr(_ESCAPES)[1:-1] in pending
     assert not {"\x1b", "\x07", "\x9b"} & set(done.stdout)
+
+
+_CHAIN = (
+    "import os, sys\n"
+    "os.chdir(sys.argv[1])\n"
+    "for _ in range(int(sys.argv[2])):\n"
+    "    os.mkdir('d' * 255)\n"
+    "    os.chdir('d' * 255)\n"
+)
+DEPTH = 4000
+PEAK_RSS_LIMIT_KB = 100 * 1024
+
+
+def _peak_rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def test_a_deep_tree_of_long_names_is_removed_in_bounded_memory(agent, root, attacker):
+    # A path through it is a megabyte long: a string per level would cost gigabytes.
+    owner = AttackerOwner(
+        attacker,
+        root,
+        f'mkdir deep && {test_workdirs.SYSTEM_PYTHON} -I -S -c "$1" deep {DEPTH}'
+        f' && printf %s "$body" > deep/{MARKER}',
+        _CHAIN,
+    )
+    agent.wait_holding(owner.proc.pid, workdirs=1)
+    owner.kill()
+    assert "reaped workdir" in outcome(agent, root / "deep")
+    assert not (root / "deep").exists()
+    peak = _peak_rss_kb(agent.pid)
+    assert peak < PEAK_RSS_LIMIT_KB, f"the agent's peak RSS was {peak} KiB"

@@ -350,3 +350,28 @@ def test_a_deep_tree_of_long_names_is_removed_in_bounded_memory(agent, root, att
     assert not (root / "deep").exists()
     peak = _peak_rss_kb(agent.pid)
     assert peak < PEAK_RSS_LIMIT_KB, f"the agent's peak RSS was {peak} KiB"
+
+
+def test_status_since_as_a_user_who_may_not_read_the_audit_log_is_one_line(root, attacker, engine):
+    private = Path(tempfile.mkdtemp(prefix="exitwatch-audit-", dir="/tmp"))  # 0700, root's
+    try:
+        (private / "audit.jsonl").write_text("")
+        config = root / "config.toml"
+        config.write_text(
+            f'workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n'
+            f'audit_log = "{private}/audit.jsonl"\n'
+        )
+        os.chmod(config, 0o644)
+        script = (
+            f'PYTHONPATH="$1" exec {test_workdirs.SYSTEM_PYTHON} -m exitwatch status'
+            ' --since 1h --config "$2" --status-socket "$3"'
+        )
+        args = (str(Path(__file__).resolve().parent.parent), str(config), str(root / "none"))
+        proc = as_user(attacker, script, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        shutil.rmtree(private)
+    assert proc.returncode == 1, err
+    assert err.decode().splitlines() == [
+        f"Error: cannot read the audit log {private}/audit.jsonl: Permission denied"
+    ]

@@ -27,6 +27,8 @@ POLL_INTERVAL = 1.0  # the least time between rescans when inotify cannot be use
 RESCAN_SHARE = 0.1
 POLL_MAX = 60.0  # the most time between rescans (a new workdir waits at most this long)
 RECHECK = 2.0  # seconds before what could not be read is looked at again
+# What says "not now" rather than anything about the directories: try again.
+_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN)
 # IN_CREATE too: a marker made in place by link, symlink or mknod raises nothing else.
 _MARKER_CHANGED = fsops.IN_CREATE | fsops.IN_MOVED_TO | fsops.IN_CLOSE_WRITE
 _MARKER_CHANGED |= fsops.IN_DELETE | fsops.IN_MOVED_FROM
@@ -107,9 +109,9 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
             return
         except _Overflow:
             log.warning("inotify queue overflowed: rescanning the workdir roots")
-        except _Fallback:
-            raise
         except OSError as err:
+            if isinstance(err, _Fallback) or err.errno not in _TRANSIENT:
+                raise
             # The first walk could not be done (a full fd table): nothing is concluded
             # from it, and it is done again from the start.
             log.warning("workdir discovery: %s; starting again in %g s", err, RECHECK)
@@ -212,13 +214,15 @@ class _Watcher:
         now = time.monotonic()
         if now >= self.recheck_at:
             self.recheck_at = now + RECHECK
-            todo, self.redo = self.redo, {}
+            todo = dict(self.redo)
             for path in list(self.tree.unsure):
                 watched = self.ino.dirs.get(path)
                 if watched is not None:
                     todo.setdefault(path, watched.depth)
             for path, depth in todo.items():
                 self.refresh(path, depth)
+        if not self.redo and not self.tree.unsure:
+            return None
         return max(0.0, self.recheck_at - time.monotonic())
 
     def refresh(self, path: str, depth: int, fresh: bool = False) -> None:
@@ -232,7 +236,7 @@ class _Watcher:
         except _Fallback:
             raise
         except OSError as err:
-            if not self.redo:
+            if path not in self.redo:  # one warning until it can be walked again
                 log.warning(
                     "cannot look at %s now (%s); looking again in %g s",
                     fsops.printable(path),
@@ -241,6 +245,7 @@ class _Watcher:
                 )
             self.redo[path] = depth
             return
+        self.redo.pop(path, None)
         for p in before:
             if p not in self.visited:
                 self.ino.unwatch(p)

@@ -26,6 +26,8 @@ RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Errors that say "not now" (the fd table or memory is full), and nothing about the entry.
+TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN)
 
 IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_FROM = 0x00000040
@@ -130,9 +132,9 @@ def walk_dirs(
     down to depth `limit`, below those for which visit returns True. Closes `fd`.
 
     Symlinks, mount points and entries that vanish are skipped, and so, with a warning,
-    is a directory root may not open (a FUSE mount of another user's, say). Any other
-    error (a full fd table) raises: what was not walked must not read as empty. At most
-    one fd per level is open at a time.
+    is a directory that cannot be opened (EACCES from a FUSE mount of another user's,
+    say). A TRANSIENT error (a full fd table) raises: what was not walked must not read
+    as empty. At most one fd per level is open at a time.
     """
     stack: list[tuple[int, str, int, Iterator[os.DirEntry[str]]]] = []
     try:
@@ -154,17 +156,12 @@ def walk_dirs(
                     try:
                         fd = open_dir(parent, entry.name)
                     except OSError as err:
-                        if err.errno in (errno.EACCES, errno.EPERM):
+                        if err.errno in TRANSIENT:
+                            raise
+                        if err.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
                             log.warning(
                                 "cannot open directory %s: %s", printable(path), err.strerror
                             )
-                        elif err.errno not in (
-                            errno.ENOENT,
-                            errno.ELOOP,
-                            errno.ENOTDIR,
-                            errno.EXDEV,
-                        ):
-                            raise
             if fd < 0:
                 return
     finally:

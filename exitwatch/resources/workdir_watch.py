@@ -27,8 +27,6 @@ POLL_INTERVAL = 1.0  # the least time between rescans when inotify cannot be use
 RESCAN_SHARE = 0.1
 POLL_MAX = 60.0  # the most time between rescans (a new workdir waits at most this long)
 RECHECK = 2.0  # seconds before what could not be read is looked at again
-# What says "not now" rather than anything about the directories: try again.
-_TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN)
 # IN_CREATE too: a marker made in place by link, symlink or mknod raises nothing else.
 _MARKER_CHANGED = fsops.IN_CREATE | fsops.IN_MOVED_TO | fsops.IN_CLOSE_WRITE
 _MARKER_CHANGED |= fsops.IN_DELETE | fsops.IN_MOVED_FROM
@@ -110,7 +108,7 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
         except _Overflow:
             log.warning("inotify queue overflowed: rescanning the workdir roots")
         except OSError as err:
-            if isinstance(err, _Fallback) or err.errno not in _TRANSIENT:
+            if isinstance(err, _Fallback) or err.errno not in fsops.TRANSIENT:
                 raise
             # The first walk could not be done (a full fd table): nothing is concluded
             # from it, and it is done again from the start.

@@ -120,7 +120,7 @@ class _Tree:
             try:
                 fd = fsops.open_under(root, ())
             except OSError as err:
-                if err.errno not in _GONE:
+                if err.errno in fsops.TRANSIENT:
                     raise
                 if root not in self.missing_roots:
                     log.warning("workdir root %s: %s; skipped", printable(root), err.strerror)

@@ -113,7 +113,8 @@ class Metrics:
             body = encoder(self.registry)
         except TimeoutError:  # a wedged loop fails the scrape rather than lie
             return _response("503 Service Unavailable", b"the agent's loop did not answer\n")
-        return _response("200 OK", b"" if method == "HEAD" else body, content_type)
+        response = _response("200 OK", body, content_type)
+        return response[: len(response) - len(body)] if method == "HEAD" else response
 
 
 def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:

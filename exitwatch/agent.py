@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
 RESYNC_DELAY = 0.1  # the longest a lost exit waits for its re-check while hints pour in
+RECHECK_DELAY = 1.0  # an owner whose liveness could not be read is judged again after this
 STOP_PARTS_DEADLINE = 1.0  # of the 2 s from SIGTERM to exit; the drain gets the rest
 
 
@@ -103,6 +104,10 @@ class Agent:
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
         self._removing: set[tuple[str, str]] = set()  # (kind, key) of every job under way
         self._given_up: dict[tuple[str, str], _Job] = {}  # shown in status until it is gone
+        # Owners whose liveness could not be read (say, the fd table was full), with the
+        # hint's time and wait status, judged again at _recheck_at.
+        self._rechecks: dict[Owner, tuple[float, int | None]] = {}
+        self._recheck_at: float | None = None
         self._stopped = False
 
     # -- inputs ---------------------------------------------------------------------------
@@ -185,6 +190,9 @@ class Agent:
         if self._retries:
             due = max(0.0, self._retries[0][0] - now)
             timeout = due if timeout is None else min(timeout, due)
+        if self._recheck_at is not None:
+            due = max(0.0, self._recheck_at - now)
+            timeout = due if timeout is None else min(timeout, due)
         if self._resync_since is not None:
             timeout = 0
         try:
@@ -220,6 +228,11 @@ class Agent:
             self.recorder.count("resyncs")
             for owner in self.index.owners():
                 self._confirm(owner, now)
+        if self._recheck_at is not None and self._recheck_at <= now:
+            rechecks, self._rechecks, self._recheck_at = self._rechecks, {}, None
+            for owner, (at, status) in rechecks.items():
+                if self.index.resources(owner):  # not reaped or forgotten meanwhile
+                    self._confirm(owner, at, status)
 
     def _handle(self, item: object) -> None:
         match item:
@@ -316,7 +329,21 @@ class Agent:
             self.source.unwatch(owner)
 
     def _confirm(self, owner: Owner, at: float, status: int | None = None) -> None:
-        reason = death(owner)
+        try:
+            reason = death(owner)
+        except OSError as err:
+            # Not "gone" (that reads as dead): /proc could not be read now, say with the fd
+            # table full. The hint is kept, and the owner judged again soon.
+            if self._recheck_at is None:
+                self._recheck_at = time.monotonic() + RECHECK_DELAY
+                log.warning(
+                    "cannot tell whether owner %s lives (%s); checking again in %g s",
+                    owner,
+                    err.strerror or err,
+                    RECHECK_DELAY,
+                )
+            self._rechecks.setdefault(owner, (at, status))
+            return
         if reason is None:
             return
         # A zombie's reason already tells its wait status, read from /proc.

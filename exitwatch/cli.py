@@ -247,7 +247,12 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
     if since is not None:
         # The running agent's own audit log, whatever this command's config says.
         path = doc["agent"]["config"]["audit_log"] if doc.get("agent") else config.audit_log
-        doc["reaps"] = list(audit.read(path, _since(since)))
+        try:
+            doc["reaps"] = list(audit.read(path, _since(since)))
+        except OSError as err:
+            raise click.ClickException(
+                f"cannot read the audit log {path}: {err.strerror}"
+            ) from None
     click.echo(json.dumps(doc, indent=2) if as_json else render(doc))
     sys.exit(code)
 

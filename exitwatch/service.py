@@ -102,7 +102,7 @@ class Service:
                 recorder.observe = metrics.observe
                 closers.append(metrics.close)
             server = StatusServer(
-                config.status_socket, lambda: _status(agent, kinds[0], recorder, info)
+                config.status_socket, lambda: _status(agent, kinds[0], kinds[1], recorder, info)
             )
             closers.append(server.close)
             self._agent = agent
@@ -129,7 +129,9 @@ class Service:
                 audit.close()
 
 
-def _status(agent: Agent, docker: ResourceKind, recorder: Recorder, info: dict) -> dict:
+def _status(
+    agent: Agent, docker: ResourceKind, workdirs: ResourceKind, recorder: Recorder, info: dict
+) -> dict:
     try:
         body = agent.ask(lambda: {"owners": agent.owners(), "pending": agent.pending()})
     except TimeoutError:
@@ -138,6 +140,7 @@ def _status(agent: Agent, docker: ResourceKind, recorder: Recorder, info: dict) 
         "schema": SCHEMA,
         "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
         "docker": docker.health(),
+        "workdirs": workdirs.health(),
         **body,
         "reaps": recorder.reaps(),
         "counters": agent.counters(),

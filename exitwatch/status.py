@@ -134,6 +134,9 @@ def render(status: dict) -> str:
         health = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"
         extra = f", {docker['reconnects']} reconnects" if docker.get("reconnects") else ""
         out.append(f"  docker:   {docker.get('endpoint')}: {health}{extra}")
+    discovery = (status.get("workdirs") or {}).get("discovery")
+    if discovery:
+        out.append(f"  workdirs: {discovery}")
     counters = status.get("counters")
     if counters:
         out.append(
@@ -141,11 +144,11 @@ def render(status: dict) -> str:
             + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(counters.items()))
         )
     owners = status.get("owners", [])
-    out.append(f"\nowners watched: {len(owners)}")
+    out += ["", f"owners watched: {len(owners)}"]
     for owner in owners:
         out.extend(_owner_lines(owner))
     pending = status.get("pending", [])
-    out.append(f"\norphans pending: {len(pending)}")
+    out += ["", f"orphans pending: {len(pending)}"]
     for item in pending:
         line = f"  {item['owner']} ({item.get('death', 'dead')}): {', '.join(item['what'])}"
         if item.get("attempt"):
@@ -153,14 +156,23 @@ def render(status: dict) -> str:
         out.append(line)
     reaps = status.get("reaps")
     if reaps is not None:
-        out.append(f"\nrecent removals: {len(reaps)}")
+        out += ["", f"recent removals: {len(reaps)}"]
         for reap in reaps:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(reap["time"]))
             out.append(
                 f"  {when} {reap['result']}: {reap['what']} owner={reap['owner']} "
                 f"death={reap['death']!r} latency={reap['latency_ms']} ms"
             )
-    return "\n".join(out)
+    # Paths, project names and errors come from users; each line reaches a terminal.
+    return "\n".join(map(_escaped, out))
+
+
+def _escaped(line: str) -> str:
+    """`line` with every unprintable character (ESC, CSI, a newline, a bidi override)
+    written as its escape, so no user-chosen name can drive the operator's terminal."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 def _owner_lines(owner: dict) -> list[str]:

@@ -21,6 +21,7 @@ from urllib3.exceptions import HTTPError
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner, OwnerError, death
+from exitwatch.resources import compose
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,10 @@ class Engine:
         filters = {"type": "container", "label": LABEL_OWNER, "event": ["create", "destroy"]}
         return self._client().events(since=since, filters=filters, decode=True)
 
+    def created(self, cid: str) -> object:
+        """The container's creation time as the engine gives it (RFC 3339, to the ns)."""
+        return self._client().inspect_container(cid).get("Created")
+
     def remove_container(self, cid: str) -> None:
         self._client().remove_container(cid, force=True, v=True)
 
@@ -180,6 +185,14 @@ def _owner(cid: str, name: str, labels: dict[str, str], then: str) -> Owner | No
     except OwnerError as err:
         log.warning("container %s (%s): label %s: %s; %s", name, cid[:12], LABEL_OWNER, err, then)
         return None
+
+
+def _labelled(listed: dict[str, Any], owner: Owner) -> bool:
+    """Whether a listed container carries `owner`'s label (kept or not)."""
+    try:
+        return Owner.parse((listed.get("Labels") or {}).get(LABEL_OWNER, "")) == owner
+    except OwnerError:
+        return False
 
 
 def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
@@ -398,7 +411,7 @@ class Containers(ResourceKind):
             with ThreadPoolExecutor(self._workers, thread_name_prefix="exitwatch-rm") as pool:
                 outcomes += pool.map(one, doomed.items())
         for project in whole:
-            outcomes += self._remove_networks(project, dry_run)
+            outcomes += self._remove_networks(project, compose.started_at(owner), dry_run)
         return outcomes
 
     def _plan_project(
@@ -441,11 +454,44 @@ class Containers(ResourceKind):
         # A project goes as a whole when a dead owner holds some of it and no live one any.
         if holders or not dead_held:
             return own, False, said
-        return own | rest, True, said
+        joined, refused = self._unlabelled(owner, project, listed, rest)
+        if refused:
+            names = ", ".join(o.what for o in refused)
+            why = f"not removed as a whole, networks included: {names} stay"
+            refused.append(Outcome(f"compose project {project}", "project", False, why, True))
+        return own | joined, not refused, said + refused
 
-    def _remove_networks(self, project: str, dry_run: bool) -> list[Outcome]:
+    def _unlabelled(
+        self, owner: Owner, project: str, listed: list[dict[str, Any]], rest: dict[str, str]
+    ) -> tuple[dict[str, str], list[Outcome]]:
+        """Which of `rest` go with the owner's project ({id: name}), and a refusal for each
+        unlabelled one not proven to be of the owner's instance of it (compose.py)."""
+        since = compose.started_at(owner)
+        owned = [compose.instance(c.get("Labels") or {}) for c in listed if _labelled(c, owner)]
+        joined, refused = {}, []
+        for c in listed:
+            cid, labels = c["Id"], c.get("Labels") or {}
+            if cid not in rest:
+                continue
+            why = None
+            if LABEL_OWNER not in labels:  # labelled ones are their own owners' business
+                why = compose.why_not_ours(labels, owned)
+                if why is None:
+                    try:
+                        why = compose.why_older(self._engine.created(cid), since)
+                    except ENGINE_ERRORS as err:
+                        why = f"its creation time cannot be read: {_why(err)}"
+            if why is None:
+                joined[cid] = rest[cid]
+            else:
+                what = f"not removed with compose project {project}: {why}"
+                refused.append(_container(cid, rest[cid], project, False, what, refused=True))
+        return joined, refused
+
+    def _remove_networks(self, project: str, since: float | None, dry_run: bool) -> list[Outcome]:
         """Remove the networks of a project whose containers were just removed, unless some
-        container is left: a kept one, one that would not go, or one created meanwhile."""
+        container is left (a kept one, one that would not go, or one created meanwhile), or
+        the network is older than the owner (compose.py)."""
         label = f"{LABEL_COMPOSE_PROJECT}={project}"
         try:
             nets = self._engine.networks(label)
@@ -460,7 +506,12 @@ class Containers(ResourceKind):
             said = functools.partial(
                 Outcome, f"network {net.get('Name', '')}", "network", extra=extra
             )
-            if dry_run:
+            why = compose.why_older(net.get("Created"), since)
+            if why is not None:
+                outcomes.append(
+                    said(False, f"not removed with compose project {project}: {why}", True)
+                )
+            elif dry_run:
                 outcomes.append(said(True, "dry run: would remove"))
             elif left:
                 outcomes.append(said(False, f"containers remain in the project: {left}", True))

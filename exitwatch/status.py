@@ -87,8 +87,15 @@ def _bind(path: str) -> socket.socket:
         os.unlink(path)  # a stale socket of an agent that died
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.bind(path)
-        os.chmod(path, SOCKET_MODE)
+        # Born with its final mode: a chmod after bind would leave a moment in which the
+        # socket has the process umask's looser mode. The umask is process-wide, but the
+        # agent binds before it starts removing anything, and a narrower umask only
+        # ever takes permissions away.
+        old = os.umask(0o777 & ~SOCKET_MODE)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
         sock.listen(16)
     except OSError as err:
         sock.close()

@@ -136,6 +136,10 @@ def render(status: dict) -> str:
             out.append("  dry run:  nothing is removed")
     else:
         out.append("no agent answers: a one-shot scan shows what it would find (nothing removed)")
+        skipped = status.get("skipped_markers")
+        if skipped:
+            noun = "marker" if skipped == 1 else "markers"
+            out.append(f"  {skipped} {noun} skipped; `exitwatch reap --dry-run` lists them")
     docker = status.get("docker") or {}
     if docker:
         health = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from exitwatch.config import Config
 from exitwatch.index import Index
 from exitwatch.owner import Owner, death, describe_status
+from exitwatch.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.record import Recorder
 from exitwatch.resources.base import Found, Gone, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.sources.base import Exit, Lost, Source
@@ -26,6 +27,8 @@ ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
 RESYNC_DELAY = 0.1  # the longest a lost exit waits for its re-check while hints pour in
 STOP_PARTS_DEADLINE = 1.0  # of the 2 s from SIGTERM to exit; the drain gets the rest
+# Counted from start, so that every one is shown (and exported) from the first scrape.
+COUNTERS = ("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up", *RECONCILE_COUNTERS)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Agent:
         self._lost_unlogged = 0
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
         self._removing: set[tuple[str, str]] = set()  # (kind, key) of every job under way
+        self._periodic = Periodic(config.reconcile_interval, kinds)
         self._stopped = False
 
     # -- inputs ---------------------------------------------------------------------------
@@ -132,6 +136,7 @@ class Agent:
             self.source.start(self.submit)
         for kind in self.kinds.values():
             kind.start(self.submit)
+        self._periodic.start(self.submit)
         try:
             while self._step():
                 pass
@@ -181,8 +186,10 @@ class Agent:
     def _step(self) -> bool:
         now = time.monotonic()
         timeout = self._watchdog_interval
-        if self._retries:
-            due = max(0.0, self._retries[0][0] - now)
+        dues = [self._retries[0][0] - now] if self._retries else []
+        dues += [d for d in (self._periodic.timeout(now),) if d is not None]
+        if dues:
+            due = max(0.0, min(dues))
             timeout = due if timeout is None else min(timeout, due)
         if self._resync_since is not None:
             timeout = 0
@@ -212,6 +219,7 @@ class Agent:
         (a storm can overflow the buffer many times a second and keep the queue busy)."""
         while self._retries and self._retries[0][0] <= now:
             self._start(heapq.heappop(self._retries)[2])
+        self._periodic.tick(now)
         if self._resync_since is not None and (
             self._queue.empty() or now - self._resync_since >= RESYNC_DELAY
         ):
@@ -230,16 +238,19 @@ class Agent:
                 if self._resync_since is None:
                     self._resync_since = time.monotonic()
             case Found(resource=res):
+                self._periodic.changed(res.kind, res.key, res)
                 new, displaced = self.index.add(res)
                 if displaced is not None:
                     self._unwatch(displaced)
                 if new:
                     self._admit(res.owner)
             case Gone(kind=kind, key=key):
+                self._periodic.changed(kind, key, None)
                 emptied = self.index.discard(kind, key)
                 if emptied is not None:
                     self._unwatch(emptied)
             case Snapshot(kind=kind, resources=resources):
+                self._periodic.replaced(kind)
                 added, emptied = self.index.replace_kind(kind, resources)
                 for owner in emptied:
                     self._unwatch(owner)
@@ -248,16 +259,34 @@ class Agent:
                 if self._awaiting_snapshot:
                     self._awaiting_snapshot.discard(kind)
                     if not self._awaiting_snapshot:
+                        self._periodic.ready(time.monotonic(), self.recorder)
                         log.info("ready: watching %d owners", len(self.index))
             case _Done(token=token, job=job, failed=failed):
                 del self._running[token]
+                if not failed:  # gone, or refused: a listing made before is stale on it
+                    for r in job.resources:
+                        self._periodic.changed(r.kind, r.key, None)
                 if not (failed and self._retry(job)):
                     self._removing.difference_update((r.kind, r.key) for r in job.resources)
+            case Scanned():
+                self._reconciled(item)
             case _Ask(fn=fn, answer=answer):
                 try:
                     answer.set_result(fn())
                 except Exception as err:
                     answer.set_exception(err)
+
+    def _reconciled(self, scanned: Scanned) -> None:
+        """A periodic reconcile's listings, judged like the start-up one: so what was
+        missed, refused or given up since is tried again."""
+        listed, fresh = 0, []
+        for snap in self._periodic.merge(scanned):
+            listed += len(snap.resources)
+            keys = ((r.kind, r.key) for r in snap.resources)
+            fresh += [k for k in keys if not self.index.holds(*k) and k not in self._removing]
+            self._handle(snap)
+        orphaned = sum(1 for k in fresh if k in self._removing)  # their removal has begun
+        self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
 
     # -- confirm --------------------------------------------------------------------------
 
@@ -270,7 +299,7 @@ class Agent:
             return True
         self.recorder.count("gave_up")
         log.error(
-            "giving up on the %ss of %s after %d attempts; the next start or "
+            "giving up on the %ss of %s after %d attempts; the next reconcile, start or "
             "`exitwatch reap` tries again",
             job.kind.kind,
             job.owner,
@@ -355,17 +384,21 @@ class Agent:
         return [self.index.describe(owner) for owner in sorted(self.index.owners())]
 
     def counters(self) -> dict[str, int]:
-        counters = dict.fromkeys(
-            ("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"), 0
-        )
+        counters = dict.fromkeys(COUNTERS, 0)
         counters.update(self.recorder.counters())
         counters["exits_seen"] = self.source.events_seen if self.source else 0
         counters["events_lost"] = self.source.lost if self.source else 0
         return counters
 
     def gauges(self) -> dict:
+        last = self._periodic.last
         return {
             "owners": len(self.index),
             "resources": dict(+self.index.counts),
             "pending": len(self._running) + len(self._retries),
+            "last_reconcile": last["at"] if last else 0,
+            "reconcile_interval": self._periodic.interval,
         }
+
+    def reconciling(self) -> dict:
+        return self._periodic.describe()

@@ -125,6 +125,13 @@ def cli() -> None:
     metavar="S",
     help=f"Seconds between checks of the watched owners (poll) [default: {Config.poll_interval}].",
 )
+@_option(
+    "--reconcile-interval",
+    type=float,
+    metavar="S",
+    help="Seconds between full listings that retry what was missed, refused or given up; "
+    f"0: only at start [default: {Config.reconcile_interval:g}].",
+)
 @_roots
 @_depth
 @_docker_host

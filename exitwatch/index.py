@@ -31,6 +31,9 @@ class Index:
     def owners_of_pid(self, pid: int) -> set[Owner]:
         return self._by_pid.get(pid, set())
 
+    def holds(self, kind: str, key: str) -> bool:
+        return (kind, key) in self._owner_of
+
     def resources(self, owner: Owner) -> list[Resource]:
         return list(self._held.get(owner, {}).values())
 

@@ -29,11 +29,28 @@ COUNTERS = {
     "exitwatch_removals_given_up_total": ("Removals abandoned after every attempt.", "gave_up"),
     "exitwatch_refusals_total": ("Resources a safety check left alone.", "refusals"),
     "exitwatch_engine_reconnects_total": ("Docker events stream reconnects.", "reconnects"),
+    "exitwatch_reconciles_total": ("Full listings done, at start and periodic.", "reconciles"),
+    "exitwatch_reconcile_missed_total": (
+        "Resources a periodic reconcile found that the index did not hold.",
+        "reconcile_missed",
+    ),
+    "exitwatch_reconcile_errors_total": (
+        "Periodic reconciles in which a kind could not be listed.",
+        "reconcile_errors",
+    ),
 }
 GAUGES = {
     "exitwatch_owners_watched": ("Live owners holding resources.", "owners"),
     "exitwatch_removals_pending": ("Removals running or waiting to retry.", "pending"),
     "exitwatch_engine_connected": ("1 while the Docker engine answers.", "engine_connected"),
+    "exitwatch_last_reconcile_timestamp_seconds": (
+        "Unix time the last reconcile ended; 0 before the first.",
+        "last_reconcile",
+    ),
+    "exitwatch_reconcile_interval_seconds": (
+        "Seconds between periodic reconciles; 0: only at start.",
+        "reconcile_interval",
+    ),
 }
 
 

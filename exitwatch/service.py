@@ -129,7 +129,13 @@ class Service:
 
 def _status(agent: Agent, docker: ResourceKind, recorder: Recorder, info: dict) -> dict:
     try:
-        body = agent.ask(lambda: {"owners": agent.owners(), "pending": agent.pending()})
+        body = agent.ask(
+            lambda: {
+                "owners": agent.owners(),
+                "pending": agent.pending(),
+                "reconcile": agent.reconciling(),
+            }
+        )
     except TimeoutError:
         body = {"owners": [], "pending": [], "busy": "the agent's loop did not answer in time"}
     return {

@@ -151,6 +151,8 @@ def render(status: dict) -> str:
             "  counters: "
             + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(counters.items()))
         )
+    if status.get("reconcile"):
+        out.append(f"  reconcile: {_reconcile(status['reconcile'])}")
     owners = status.get("owners", [])
     out.append(f"\nowners watched: {len(owners)}")
     for owner in owners:
@@ -172,6 +174,26 @@ def render(status: dict) -> str:
                 f"death={reap['death']!r} latency={reap['latency_ms']} ms"
             )
     return "\n".join(out)
+
+
+def _reconcile(rec: dict) -> str:
+    every = f"every {rec['interval_s']:g} s" if rec.get("interval_s") else "only at start"
+    last = rec.get("last")
+    if not last:
+        return f"{every}; the start-up listing is not in yet"
+    when = time.strftime("%H:%M:%S", time.localtime(last["at"]))
+    if last.get("start_up"):
+        text = f"{every}; last at start, {when}"
+    else:
+        text = (
+            f"{every}; last {when}: {last['listed']} listed in {last['took_s']} s, "
+            f"{last['missed']} unknown to the index, {last['orphaned']} of dead owners"
+        )
+        if last.get("errors"):
+            text += f"; could not list {'; '.join(last['errors'])}"
+    if rec.get("running"):
+        text += "; one is listing now"
+    return text
 
 
 def _owner_lines(owner: dict) -> list[str]:

@@ -282,9 +282,15 @@ class Agent:
         listed, fresh = 0, []
         for snap in self._periodic.merge(scanned):
             listed += len(snap.resources)
-            keys = ((r.kind, r.key) for r in snap.resources)
-            fresh += [k for k in keys if not self.index.holds(*k) and k not in self._removing]
-            self._handle(snap)
+            # Only the differences are handled: a listing of 100,000 unchanged workdirs
+            # costs the loop lookups rather than re-indexing, so exits wait milliseconds.
+            for res in snap.resources:
+                key = (res.kind, res.key)
+                if self.index.owner(*key) != res.owner and key not in self._removing:
+                    fresh.append(key)
+                    self._handle(Found(res))
+            for key in self.index.keys(snap.kind) - {r.key for r in snap.resources}:
+                self._handle(Gone(snap.kind, key))
         orphaned = sum(1 for k in fresh if k in self._removing)  # their removal has begun
         self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
 

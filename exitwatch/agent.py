@@ -398,10 +398,12 @@ class Agent:
 
     def gauges(self) -> dict:
         last = self._periodic.last
+        jobs = [job for _, job in self._running.values()] + [job for _, _, job in self._retries]
         return {
             "owners": len(self.index),
             "resources": dict(+self.index.counts),
-            "pending": len(self._running) + len(self._retries),
+            "pending": len(jobs),
+            "oldest_pending": max((time.monotonic() - job.at for job in jobs), default=0.0),
             "last_reconcile": last["at"] if last else 0,
             "reconcile_interval": self._periodic.interval,
         }

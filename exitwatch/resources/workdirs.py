@@ -42,13 +42,42 @@ def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
     Raises FileNotFoundError when there is no marker, MarkerError when it is malformed.
     """
     try:
-        data, st = fsops.read_regular(dir_fd, MARKER, MARKER_MAX_BYTES)
+        pfd = fsops.pin(dir_fd, MARKER)
     except FileNotFoundError:
         raise
+    except OSError as err:
+        raise MarkerError(f"is unreadable: {err.strerror}") from None
+    try:
+        st = os.fstat(pfd)
+        return _read_pinned(pfd, st), st
+    finally:
+        os.close(pfd)
+
+
+def _read_pinned(pfd: int, st: os.stat_result) -> Owner:
+    """The owner the marker pinned by `pfd` (of fstat `st`) names; raises MarkerError."""
+    try:
+        data = fsops.read_pinned(pfd, st, MARKER_MAX_BYTES)
     except fsops.NotRegular as err:
         raise MarkerError(str(err)) from None
     except OSError as err:
         raise MarkerError(f"is unreadable: {err.strerror}") from None
+    owner = _parsed.get(data)
+    if owner is None:
+        owner = _parse_marker(data)
+        if len(_parsed) >= PARSED_MAX:
+            _parsed.clear()
+        _parsed[data] = owner
+    return owner
+
+
+# Markers are few texts written many times (a runner marks all its workdirs alike): a walk
+# of 100,000 parses each text once. Only well-formed ones are kept; a bad one raises.
+PARSED_MAX = 4096
+_parsed: dict[bytes, Owner] = {}
+
+
+def _parse_marker(data: bytes) -> Owner:
     if len(data) > MARKER_MAX_BYTES:
         raise MarkerError(f"is larger than {MARKER_MAX_BYTES} bytes")
     try:
@@ -62,7 +91,7 @@ def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
     if not isinstance(body, dict) or not isinstance(body.get("owner"), str):
         raise MarkerError('has no "owner" string')
     try:
-        return Owner.parse(body["owner"]), st
+        return Owner.parse(body["owner"])
     except OwnerError as err:
         raise MarkerError(f"names a bad owner: {err}") from None
 
@@ -141,19 +170,24 @@ class _Tree:
     def _marker(self, fd: int, path: str, fresh: bool) -> tuple[bool, Resource | None]:
         """Whether directory `fd` (at `path`) is marked, and the workdir if well marked."""
         try:
-            st = os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
+            pfd = fsops.pin(fd, MARKER)  # what is stat'ed is what is read
         except FileNotFoundError:
             self.markers.pop(path, None)
             return False, None
+        try:
+            return self._pinned(pfd, path, fresh)
+        finally:
+            os.close(pfd)
+
+    def _pinned(self, pfd: int, path: str, fresh: bool) -> tuple[bool, Resource | None]:
+        st = os.fstat(pfd)
         sig = (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         old = self.markers.get(path) or self.previous.get(path)
         if old is not None and old[0] == sig:
             self.markers[path] = old
             return True, old[1]
         try:
-            res: Resource | None = Resource(KIND, path, read_marker(fd)[0], name=path)
-        except FileNotFoundError:
-            return False, None
+            res: Resource | None = Resource(KIND, path, _read_pinned(pfd, st), name=path)
         except MarkerError as err:
             if fresh and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 # Made in place, it may still be being written: not wrong yet. Closing it

@@ -356,7 +356,7 @@ def _check_byte_order(path: str) -> None:
         raise SourceError(f"cannot read {path}: {err.strerror}") from None
     order = {b"\x01": "little", b"\x02": "big"}.get(ident[5:6]) if ident[:4] == b"\x7fELF" else None
     if order is None:
-        raise SourceError(f"eBPF object {path} is not an ELF object")
+        raise SourceError(f"cannot open {path}: not an ELF object")
     if order != sys.byteorder:
         raise SourceError(
             f"eBPF object {path} is {order}-endian bytecode and this host is {sys.byteorder}-"

@@ -130,6 +130,13 @@ def cli() -> None:
     metavar="S",
     help=f"Seconds between checks of the watched owners (poll) [default: {Config.poll_interval}].",
 )
+@_option(
+    "--reconcile-interval",
+    type=float,
+    metavar="S",
+    help="Seconds between full listings that retry what was missed, refused or given up; "
+    f"0: only at start [default: {Config.reconcile_interval:g}].",
+)
 @_roots
 @_depth
 @_docker_host
@@ -261,16 +268,22 @@ def _scan(config: Config) -> dict:
     """What a one-shot scan finds, read-only: live owners, and orphans waiting."""
     from exitwatch.index import Index
     from exitwatch.owner import death
+    from exitwatch.resources import workdirs
     from exitwatch.resources.docker import EngineError
 
     index = Index()
     kinds = _kinds(config)
     docker = {"endpoint": kinds[0].host, "connected": True}
-    for kind in kinds:
-        try:
-            index.replace_kind(kind.kind, kind.scan().resources)
-        except EngineError as err:
-            docker = {"endpoint": kinds[0].host, "connected": False, "last_error": str(err)}
+    skipped = _SkippedMarkers()
+    workdirs.log.addFilter(skipped)
+    try:
+        for kind in kinds:
+            try:
+                index.replace_kind(kind.kind, kind.scan().resources)
+            except EngineError as err:
+                docker = {"endpoint": kinds[0].host, "connected": False, "last_error": str(err)}
+    finally:
+        workdirs.log.removeFilter(skipped)
     owners, pending = [], []
     for owner in sorted(index.owners()):
         why = death(owner)
@@ -281,7 +294,29 @@ def _scan(config: Config) -> dict:
             held = [c["name"] for c in entry.pop("containers")] + entry.pop("workdirs")
             held += [x for k, v in entry.items() if isinstance(v, list) for x in v]
             pending.append({"owner": entry["owner"], "death": why, "what": held})
-    return {"schema": 1, "agent": None, "docker": docker, "owners": owners, "pending": pending}
+    return {
+        "schema": 1,
+        "agent": None,
+        "docker": docker,
+        "owners": owners,
+        "pending": pending,
+        "skipped_markers": skipped.count,
+    }
+
+
+class _SkippedMarkers(logging.Filter):
+    """Counts the bad-marker warnings of a one-shot scan and keeps them off the terminal,
+    where a dozen would bury the status; `exitwatch reap --dry-run` prints them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("marker "):
+            self.count += 1
+            return False
+        return True
 
 
 def _since(text: str) -> float:

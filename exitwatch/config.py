@@ -38,6 +38,9 @@ class Config:
     """A removal that fails is tried this many times in all, with growing delays."""
     hook_dir: str = "/var/spool/exitwatch/hooks"
     """The spool of on-death hooks (root's, mode 1733; the agent creates it)."""
+    reconcile_interval: float = 600.0
+    """Seconds between full listings of every kind, which retry what was missed, refused or
+    given up; 0: only at start."""
     status_socket: str = "/run/exitwatch/exitwatch.sock"
     """The read-only unix socket that `exitwatch status` asks."""
     audit_log: str = "/var/lib/exitwatch/audit.jsonl"
@@ -65,6 +68,10 @@ class Config:
             "workdir_depth": (1 <= self.workdir_depth <= 16, "an integer in 1..16"),
             "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
             "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
+            "reconcile_interval": (
+                self.reconcile_interval == 0 or 1 <= self.reconcile_interval <= 86400,
+                "0 (off) or a number in 1..86400",
+            ),
             "docker_host": (
                 self.docker_host is None or self.docker_host.startswith("unix://"),
                 "a local engine's unix:// socket (owners are processes of this host)",

@@ -31,6 +31,13 @@ class Index:
     def owners_of_pid(self, pid: int) -> set[Owner]:
         return self._by_pid.get(pid, set())
 
+    def owner(self, kind: str, key: str) -> Owner | None:
+        """The owner the index has for one resource, if it holds it."""
+        return self._owner_of.get((kind, key))
+
+    def keys(self, kind: str) -> set[str]:
+        return {key for k, key in self._owner_of if k == kind}
+
     def resources(self, owner: Owner) -> list[Resource]:
         return list(self._held.get(owner, {}).values())
 

@@ -49,11 +49,32 @@ COUNTERS = {
         "hook_failures",
     ),
     "exitwatch_hook_timeouts_total": ("On-death hooks killed at their timeout.", "hook_timeouts"),
+    "exitwatch_reconciles_total": ("Full listings done, at start and periodic.", "reconciles"),
+    "exitwatch_reconcile_missed_total": (
+        "Resources a periodic reconcile found that the index did not hold.",
+        "reconcile_missed",
+    ),
+    "exitwatch_reconcile_errors_total": (
+        "Periodic reconciles in which a kind could not be listed.",
+        "reconcile_errors",
+    ),
 }
 GAUGES = {
     "exitwatch_owners_watched": ("Live owners holding resources.", "owners"),
     "exitwatch_removals_pending": ("Removals running or waiting to retry.", "pending"),
+    "exitwatch_oldest_pending_removal_seconds": (
+        "Age of the oldest removal running or waiting to retry, from its owner's death.",
+        "oldest_pending",
+    ),
     "exitwatch_engine_connected": ("1 while the Docker engine answers.", "engine_connected"),
+    "exitwatch_last_reconcile_timestamp_seconds": (
+        "Unix time the last reconcile ended; 0 before the first.",
+        "last_reconcile",
+    ),
+    "exitwatch_reconcile_interval_seconds": (
+        "Seconds between periodic reconciles; 0: only at start.",
+        "reconcile_interval",
+    ),
 }
 
 

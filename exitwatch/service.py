@@ -133,7 +133,13 @@ def _status(
     agent: Agent, docker: ResourceKind, workdirs: ResourceKind, recorder: Recorder, info: dict
 ) -> dict:
     try:
-        body = agent.ask(lambda: {"owners": agent.owners(), "pending": agent.pending()})
+        body = agent.ask(
+            lambda: {
+                "owners": agent.owners(),
+                "pending": agent.pending(),
+                "reconcile": agent.reconciling(),
+            }
+        )
     except TimeoutError:
         body = {"owners": [], "pending": [], "busy": "the agent's loop did not answer in time"}
     return {

@@ -87,8 +87,15 @@ def _bind(path: str) -> socket.socket:
         os.unlink(path)  # a stale socket of an agent that died
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.bind(path)
-        os.chmod(path, SOCKET_MODE)
+        # Born with its final mode: a chmod after bind would leave a moment in which the
+        # socket has the process umask's looser mode. The umask is process-wide, but the
+        # agent binds before it starts removing anything, and a narrower umask only
+        # ever takes permissions away.
+        old = os.umask(0o777 & ~SOCKET_MODE)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
         sock.listen(16)
     except OSError as err:
         sock.close()
@@ -129,6 +136,10 @@ def render(status: dict) -> str:
             out.append("  dry run:  nothing is removed")
     else:
         out.append("no agent answers: a one-shot scan shows what it would find (nothing removed)")
+        skipped = status.get("skipped_markers")
+        if skipped:
+            noun = "marker" if skipped == 1 else "markers"
+            out.append(f"  {skipped} {noun} skipped; `exitwatch reap --dry-run` lists them")
     docker = status.get("docker") or {}
     if docker:
         health = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"
@@ -143,6 +154,8 @@ def render(status: dict) -> str:
             "  counters: "
             + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(counters.items()))
         )
+    if status.get("reconcile"):
+        out.append(f"  reconcile: {_reconcile(status['reconcile'])}")
     owners = status.get("owners", [])
     out += ["", f"owners watched: {len(owners)}"]
     for owner in owners:
@@ -173,6 +186,26 @@ def _escaped(line: str) -> str:
     if line.isprintable():
         return line
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+
+
+def _reconcile(rec: dict) -> str:
+    every = f"every {rec['interval_s']:g} s" if rec.get("interval_s") else "only at start"
+    last = rec.get("last")
+    if not last:
+        return f"{every}; the start-up listing is not in yet"
+    when = time.strftime("%H:%M:%S", time.localtime(last["at"]))
+    if last.get("start_up"):
+        text = f"{every}; last at start, {when}"
+    else:
+        text = (
+            f"{every}; last {when}: {last['listed']} listed in {last['took_s']} s, "
+            f"{last['missed']} unknown to the index, {last['orphaned']} of dead owners"
+        )
+        if last.get("errors"):
+            text += f"; could not list {'; '.join(last['errors'])}"
+    if rec.get("running"):
+        text += "; one is listing now"
+    return text
 
 
 def _owner_lines(owner: dict) -> list[str]:

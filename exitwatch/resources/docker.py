@@ -21,7 +21,7 @@ from urllib3.exceptions import HTTPError
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner, OwnerError, death
-from exitwatch.resources import compose
+from exitwatch.resources import compose, dockerhttp
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,11 @@ class Engine:
         self._args, self._timeout, self._pool = client_args, timeout, pool
         self._api: docker.APIClient | None = None
         self._lock = threading.Lock()
+        base = client_args.get("base_url") or DEFAULT_HOST
+        # Removals go straight to a local engine's socket (dockerhttp.py says why).
+        self._socket = (
+            "/" + base[len("unix://") :].lstrip("/") if base.startswith("unix://") else None
+        )
 
     def _client(self) -> docker.APIClient:
         with self._lock:
@@ -112,7 +117,11 @@ class Engine:
         return self._client().inspect_container(cid).get("Created")
 
     def remove_container(self, cid: str) -> None:
-        self._client().remove_container(cid, force=True, v=True)
+        api = self._client()
+        if self._socket is None:
+            api.remove_container(cid, force=True, v=True)
+        else:
+            dockerhttp.remove_container(self._socket, api.api_version, cid, self._timeout)
 
     def networks(self, label: str) -> list[dict[str, Any]]:
         return self._client().networks(filters={"label": label})

@@ -55,15 +55,32 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
+# Prototyped once: a walk calls these 100,000 times, and ctypes' per-call conversions of
+# unprototyped calls cost more than the syscalls. syscall() is variadic: every argument is
+# declared at full register width.
+_syscall4 = ctypes.CFUNCTYPE(
+    ctypes.c_long,
+    ctypes.c_long,
+    ctypes.c_long,
+    ctypes.c_char_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    use_errno=True,
+)(("syscall", _libc))
+_inotify_add_watch = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, use_errno=True
+)(("inotify_add_watch", _libc))
+
+
+@functools.cache
+def _how(flags: int, resolve: int) -> _OpenHow:
+    return _OpenHow(flags, 0, resolve)  # cached: kept alive for as long as it is passed
+
+
 def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
-    how = _OpenHow(flags, 0, resolve)
-    # syscall() is variadic: pass every argument at full register width.
-    fd = _libc.syscall(
-        ctypes.c_long(_SYS_OPENAT2),
-        ctypes.c_long(dir_fd),
-        ctypes.c_char_p(os.fsencode(name)),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
+    how = _how(flags, resolve)
+    fd = _syscall4(
+        _SYS_OPENAT2, dir_fd, os.fsencode(name), ctypes.addressof(how), ctypes.sizeof(how)
     )
     if fd < 0:
         err = ctypes.get_errno()
@@ -202,23 +219,22 @@ class NotRegular(OSError):
     """The name is not a regular file; str() says what it is instead."""
 
 
-def read_regular(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_result]:
-    """Read at most `limit` + 1 bytes of the regular file `name` in `dir_fd`.
+def pin(dir_fd: int, name: str) -> int:
+    """An O_PATH descriptor of `name` in `dir_fd` (of the symlink itself, if it is one), to
+    fstat and then read_pinned. O_PATH opens nothing: no FIFO blocks, no device driver runs.
+    Raises OSError."""
+    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
-    The file is pinned with O_PATH (which opens nothing: no FIFO blocks, no device driver
-    runs), checked to be a regular file, and only then reopened for reading through
-    /proc/self/fd, so a swap between the check and the read cannot change what is read.
+
+def read_pinned(pfd: int, st: os.stat_result, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of the file pinned by `pfd`, whose fstat is `st`.
+
+    Raises NotRegular unless `st` is a regular file's; only then is it reopened for reading
+    through /proc/self/fd, so a swap after the check cannot change what is read.
     """
-    pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        st = os.fstat(pfd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegular(f"is {file_type(st.st_mode)}, not a regular file")
-        fd = os.open(
-            f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        )
-    finally:
-        os.close(pfd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(f"is {file_type(st.st_mode)}, not a regular file")
+    fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         chunks, size = [], 0
         while size <= limit:
@@ -227,7 +243,11 @@ def read_regular(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_res
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return b"".join(chunks), st
+            # All that fstat saw: no second read just to meet the end of the file (a walk of
+            # 100,000 markers pays each syscall 100,000 times).
+            if size >= st.st_size:
+                break
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -357,9 +377,7 @@ class Inotify:
     def watch(self, fd: int, path: str, depth: int) -> None:
         """Watch the open directory `fd`, known as `path`, `depth` levels below the root of
         the tree. Raises OSError (ENOSPC: the watch limit is reached)."""
-        wd = _libc.inotify_add_watch(
-            self.fd, f"/proc/self/fd/{fd}".encode(), ctypes.c_uint32(_WATCH)
-        )
+        wd = _inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), _WATCH)
         if wd < 0:
             err = ctypes.get_errno()
             why = "inotify watch limit reached" if err == errno.ENOSPC else os.strerror(err)

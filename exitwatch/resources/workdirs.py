@@ -47,10 +47,37 @@ def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
     and another OSError when it cannot be read now (a lease, a full fd table): that says
     nothing about the marker, so nothing may be concluded or remembered from it.
     """
+    pfd = fsops.pin(dir_fd, MARKER)
     try:
-        data, st = fsops.read_regular(dir_fd, MARKER, MARKER_MAX_BYTES)
+        st = os.fstat(pfd)
+        return _read_pinned(pfd, st), st
+    finally:
+        os.close(pfd)
+
+
+def _read_pinned(pfd: int, st: os.stat_result) -> Owner:
+    """The owner the marker pinned by `pfd` (of fstat `st`) names. Raises MarkerError, or
+    another OSError when it cannot be read now."""
+    try:
+        data = fsops.read_pinned(pfd, st, MARKER_MAX_BYTES)
     except fsops.NotRegular as err:
         raise MarkerError(str(err)) from None
+    owner = _parsed.get(data)
+    if owner is None:
+        owner = _parse_marker(data)
+        if len(_parsed) >= PARSED_MAX:
+            _parsed.clear()
+        _parsed[data] = owner
+    return owner
+
+
+# Markers are few texts written many times (a runner marks all its workdirs alike): a walk
+# of 100,000 parses each text once. Only well-formed ones are kept; a bad one raises.
+PARSED_MAX = 4096
+_parsed: dict[bytes, Owner] = {}
+
+
+def _parse_marker(data: bytes) -> Owner:
     if len(data) > MARKER_MAX_BYTES:
         raise MarkerError(f"is larger than {MARKER_MAX_BYTES} bytes")
     try:
@@ -64,7 +91,7 @@ def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
     if not isinstance(body, dict) or not isinstance(body.get("owner"), str):
         raise MarkerError('has no "owner" string')
     try:
-        return Owner.parse(body["owner"]), st
+        return Owner.parse(body["owner"])
     except OwnerError as err:
         raise MarkerError(f"names a bad owner: {err}") from None
 
@@ -175,11 +202,22 @@ class _Tree:
         """What the marker of directory `fd` (at `path`) is, if it has one."""
         unmarked = _Seen((), None, False)
         try:
-            st = os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
-            dst = os.fstat(fd)
+            pfd = fsops.pin(fd, MARKER)  # what is stat'ed is what is read
         except FileNotFoundError:
             self._forget(path)
             return unmarked
+        except OSError as err:
+            return self._unsure(path, err)
+        try:
+            return self._pinned(pfd, fd, path, fresh)
+        finally:
+            os.close(pfd)
+
+    def _pinned(self, pfd: int, fd: int, path: str, fresh: bool) -> _Seen:
+        unmarked = _Seen((), None, False)
+        try:
+            st = os.fstat(pfd)
+            dst = os.fstat(fd)
         except OSError as err:
             return self._unsure(path, err)
         sig = (dst.st_uid, st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_uid)
@@ -190,10 +228,7 @@ class _Tree:
             return old
         where = printable(os.path.join(path, MARKER))
         try:
-            owner, mst = read_marker(fd)
-        except FileNotFoundError:
-            self._forget(path)
-            return unmarked
+            owner = _read_pinned(pfd, st)
         except MarkerError as err:
             self.unsure.discard(path)
             if fresh and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
@@ -207,7 +242,7 @@ class _Tree:
         except OSError as err:
             return self._unsure(path, err)
         self.unsure.discard(path)
-        why = _claim(dst, mst)
+        why = _claim(dst, st)
         if why is not None:
             # Indexed all the same, so that its owner's death leaves a refusal on record.
             log.warning(

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import selectors
 import socket
 import stat
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = 1
 SEND_TIMEOUT = 1.0  # a client that does not read within this is dropped
+ACCEPT_PAUSE = 0.1  # after a failed accept (no fd free), before trying again
 SOCKET_MODE = 0o660
 
 
@@ -64,7 +66,12 @@ class StatusServer:
     def _answer(self) -> None:
         try:
             conn, _ = self._sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
         except OSError:
+            # No fd free (EMFILE, ENFILE): the client stays queued and the socket readable,
+            # so the loop would spin on it. Pause, still woken at once by close().
+            select.select([self._wake_r], [], [], ACCEPT_PAUSE)
             return
         with conn:
             try:

@@ -10,8 +10,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -261,6 +263,13 @@ def test_a_removal_that_keeps_failing_is_retried_bounded_and_blocks_nothing(
 # The agent's fd table is full
 
 
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime (fields 14 and 15 of /proc/PID/stat) of the whole process."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _lowest_free_fd(pid: int) -> int:
     used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
     return next(n for n in range(len(used) + 1) if n not in used)
@@ -298,6 +307,15 @@ def test_a_full_fd_table_delays_reaping_but_loses_nothing(engine, agents, workro
         late_dir = workdir(workroot, late.pid, "late")  # marked while nothing can be opened
         agent.wait_log("now (Too many open files)", "discovery to fail to walk it")
         assert exists(engine, cid) and doomed_dir.exists()
+        # A status client the agent cannot accept stays queued: it must not make the agent
+        # spin on its readable socket.
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(agent.flag("--status-socket"))
+            busy = _cpu_seconds(agent.pid)
+            begun = time.monotonic()
+            wait_for(lambda: time.monotonic() - begun >= 1.0, 2.0, "a second to pass")
+            busy = _cpu_seconds(agent.pid) - busy
+        assert busy < 0.5, f"the agent used {busy:.2f} s of CPU in 1 s, queued client pending"
     finally:
         subprocess.run(["prlimit", "--pid", str(agent.pid), f"--nofile={soft}:{hard}"], check=True)
     # Neither the hint nor the new workdir was dropped: both are looked at again.

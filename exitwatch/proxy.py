@@ -183,7 +183,8 @@ class _Requests:
         while True:
             conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
             raw = bytearray(self.pending)
-            conn.receive_data(self.pending)
+            if self.pending:  # b"" would tell h11 the client closed
+                conn.receive_data(self.pending)
             try:
                 event = self._next(conn, raw)
             except h11.RemoteProtocolError:

@@ -22,6 +22,7 @@ import test_workdirs
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
 
+from agentproc import GONE_DEADLINE, running
 from procs import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -361,3 +362,42 @@ def test_an_unprivileged_caller_cleans_up_with_its_own_rights(attacker, tmp_path
         assert Path("/etc/passwd").exists()
     finally:
         shutil.rmtree(top)
+
+
+MAKES_AND_WAITS = r"""
+docker run -d --name made $IMAGE sleep 1000 >/dev/null
+docker network create madenet >/dev/null
+docker volume create madevol >/dev/null
+echo "$TMPDIR"
+exec sleep 1000
+"""
+
+
+def test_the_agent_reaps_a_sigkilled_wrapper(engine, workroot, tmp_path) -> None:
+    live = {LABEL_OWNER: str(owner_of())}  # another run's, alive: it stays
+    engine.client.api.create_network("livenet", labels=live)
+    engine.client.api.create_volume("livevol", labels=live)
+    with running(engine, workroot, tmp_path / "agent.log") as agent:
+        proc = subprocess.Popen(
+            [*RUN, "--", "sh", "-c", MAKES_AND_WAITS],
+            env=env_for(workroot, engine, IMAGE=engine.image),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert Path(proc.stdout.readline().strip()).parent == workroot
+        agent.wait_holding(proc.pid, containers=1, workdirs=2)
+        proc.kill()
+        proc.wait()
+        api = engine.client.api
+
+        def reaped() -> bool:
+            names = [n["Name"] for n in api.networks(filters={"label": LABEL_OWNER})]
+            vols = [v["Name"] for v in api.volumes(filters={"label": LABEL_OWNER})["Volumes"] or []]
+            return (
+                not api.containers(all=True, filters={"label": LABEL_OWNER})
+                and names == ["livenet"]
+                and vols == ["livevol"]
+                and not list(workroot.iterdir())
+            )
+
+        wait_for(reaped, timeout=GONE_DEADLINE, what="the killed run's resources reaped")

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import select
 import socket
 import threading
 from collections.abc import Mapping
@@ -31,7 +32,7 @@ CHUNK = 64 * 1024  # bytes per read; a connection's buffers stay small with 64 c
 MAX_HEAD = 1024 * 1024  # X-Registry-Auth and X-Registry-Config headers can be large
 MAX_BODY = 64 * 1024 * 1024  # for the bodies read whole: creations and exec starts
 BACKLOG = 128
-THREAD_STACK = 512 * 1024
+THREAD_STACK = 256 * 1024
 
 _API = rb"(?:/v[0-9]+(?:\.[0-9]+)*)?"
 _CREATE = re.compile(_API + rb"/(?:containers|networks|volumes)/create(?:\?.*)?")
@@ -157,18 +158,38 @@ class Proxy:
 def _pump(src: socket.socket, dst: socket.socket, first: bytes = b"") -> None:
     """Copy `src` to `dst` until `src` ends, then end `dst`'s sending half (half-close: a
     `docker exec -i` client ends its stdin so). On an error, cut both ends."""
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
     try:
         if first:
             dst.sendall(first)
-        while n := src.recv_into(buf):
-            dst.sendall(view[:n])
+        _copy(src, dst, None)
         dst.shutdown(socket.SHUT_WR)
     except OSError:
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+
+
+def _copy(src: socket.socket, dst: socket.socket, limit: int | None) -> int:
+    """Copy `limit` bytes (None: until the end) from `src` to `dst`; how many were copied.
+
+    The bytes go through a pipe with splice(2): they never enter this process, which holds
+    no buffer for a connection however long it lasts or however fast it streams.
+    """
+    r, w = os.pipe()
+    done = 0
+    try:
+        while limit is None or done < limit:
+            want = CHUNK if limit is None else min(CHUNK, limit - done)
+            n = os.splice(src.fileno(), w, want, flags=os.SPLICE_F_MOVE)
+            if not n:
+                break
+            done += n
+            while n:
+                n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
+    finally:
+        os.close(r)
+        os.close(w)
+    return done
 
 
 class _Requests:
@@ -222,9 +243,17 @@ class _Requests:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
+            self._readable()
             data = self.client.recv(CHUNK)
             raw += data
             conn.receive_data(data)
+
+    def _readable(self) -> None:
+        """Wait until the client has sent something: recv() allocates its whole buffer
+        before it blocks, and 64 idle keep-alive connections would each hold one."""
+        poll = select.poll()
+        poll.register(self.client, select.POLLIN)
+        poll.poll()
 
     def _whole_body(self, conn: h11.Connection) -> bytes:
         body = bytearray()
@@ -260,14 +289,8 @@ class _Requests:
         self.upstream.sendall(head + rest[:length])
         self.pending = rest[length:]
         left = length - min(length, len(rest))
-        buf = bytearray(min(CHUNK, max(left, 1)))
-        view = memoryview(buf)
-        while left:
-            n = self.client.recv_into(view[: min(left, len(buf))])
-            if not n:
-                raise ConnectionResetError("the client closed the connection inside a body")
-            self.upstream.sendall(view[:n])
-            left -= n
+        if left and _copy(self.client, self.upstream, left) < left:
+            raise ConnectionResetError("the client closed the connection inside a body")
 
 
 def _detached(body: bytes) -> bool:

@@ -368,6 +368,7 @@ MAKES_AND_WAITS = r"""
 docker run -d --name made $IMAGE sleep 1000 >/dev/null
 docker network create madenet >/dev/null
 docker volume create madevol >/dev/null
+docker network create --label exitwatch.keep=true keptnet >/dev/null
 echo "$TMPDIR"
 exec sleep 1000
 """
@@ -401,3 +402,5 @@ def test_the_agent_reaps_a_sigkilled_wrapper(engine, workroot, tmp_path) -> None
             )
 
         wait_for(reaped, timeout=GONE_DEADLINE, what="the killed run's resources reaped")
+        # Asked to be kept, it was not labelled, and it stays.
+        assert LABEL_OWNER not in (api.inspect_network("keptnet")["Labels"] or {})

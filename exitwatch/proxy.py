@@ -19,6 +19,7 @@ import re
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -33,6 +34,7 @@ CHUNK = 64 * 1024  # bytes per read; a connection's buffers stay small with 64 c
 MAX_HEAD = 1024 * 1024  # X-Registry-Auth and X-Registry-Config headers can be large
 MAX_BODY = 64 * 1024 * 1024  # for the bodies read whole: creations and exec starts
 BACKLOG = 128
+ACCEPT_PAUSE = 0.05  # seconds before accepting again after accept() failed
 IDLE_EXIT = 10.0  # seconds a spare worker thread waits for a connection before it ends
 
 _API = rb"(?:/v[0-9]+(?:\.[0-9]+)*)?"
@@ -149,9 +151,7 @@ class Proxy:
             self._thread.join(2.0)
         self._listener.close()
         with self._lock:
-            for s in self._open:
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            _cut(*self._open)
 
     def _serve(self) -> None:
         while not self._stopping:
@@ -160,7 +160,9 @@ class Proxy:
             except OSError:
                 if self._stopping:
                     return
-                continue  # EMFILE and the like: the client sees its connection refused
+                # EMFILE and the like: clients wait in the backlog meanwhile.
+                time.sleep(ACCEPT_PAUSE)
+                continue
             self._workers.submit(self._connection, client)
 
     def _connection(self, client: socket.socket) -> None:
@@ -181,9 +183,10 @@ class Proxy:
             _Requests(client, upstream, self._owner).forward()
         except (OSError, h11.ProtocolError) as err:
             log.debug("proxy connection: %s", err)
-            for s in (client, upstream):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            _cut(client, upstream)
+        except Exception:  # a bug of ours: this connection is lost, not the others
+            log.exception("proxy connection")
+            _cut(client, upstream)
         back.wait()
         with self._lock:
             self._open.difference_update((client, upstream))
@@ -202,12 +205,17 @@ def _pump(
         _copy(src, dst, None)
         dst.shutdown(socket.SHUT_WR)
     except OSError:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+        _cut(src, dst)
     finally:
         if done is not None:
             done.set()
+
+
+def _cut(*socks: socket.socket) -> None:
+    """End both directions of each: whoever is blocked on one wakes up."""
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
 
 
 def _copy(src: socket.socket, dst: socket.socket, limit: int | None) -> int:

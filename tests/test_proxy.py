@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
@@ -364,3 +365,18 @@ def test_chunked_creation_is_labelled_and_pipelined_requests_answered(engine, pr
                 conn.send(h11.EndOfMessage())
     assert statuses == [200, 201, 200]
     assert labels_of(engine, "container", "chunked").get(LABEL_OWNER) == OWNER
+
+
+def test_64_clients_at_once_all_get_their_answers(engine, proxied) -> None:
+    def client(n: int) -> str:
+        api = docker.APIClient(base_url=proxied, timeout=120)
+        try:
+            api.ping()
+            return api.inspect_image(engine.image)["Id"] + f" {n}"
+        finally:
+            api.close()
+
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(client, range(64)))
+    image = engine.client.api.inspect_image(engine.image)["Id"]
+    assert answers == [f"{image} {n}" for n in range(64)]

@@ -33,6 +33,7 @@ SI_KERNEL = 0x80  # si_code of a signal the kernel sent: the tty's Ctrl-C, Ctrl-
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 ESCALATE = (signal.SIGINT, signal.SIGTERM)  # a second one of these kills CMD
 WAITED = {*FORWARDED, signal.SIGCHLD}
+KILL_WAIT = 5.0  # seconds to wait for leftovers to die of SIGKILL before saying so
 SETUP_FAILED = 125  # the wrapper could not run CMD at all, as timeout(1) and env(1) say
 SOCKET_BASES = ("XDG_RUNTIME_DIR",)  # short directories for the socket, before /tmp
 PREFIX = "exitwatch-run-"
@@ -160,7 +161,8 @@ def _wait(proc: subprocess.Popen, settings: Settings) -> int:
 
 
 def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # exited; its SIGCHLD is on the way
+    # Exited (its SIGCHLD is on the way), or runs a setuid program of another uid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
 
 
@@ -205,12 +207,12 @@ def _kill(pid: int, starttime: int, sig: int) -> None:
     """Signal the process `pid` if it is still the one that started at `starttime`."""
     try:
         fd = os.pidfd_open(pid)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return
     try:
         if procfs.read_stat(pid).starttime == starttime:
             signal.pidfd_send_signal(fd, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or a setuid program of another uid
         pass
     finally:
         os.close(fd)
@@ -226,7 +228,13 @@ def _end_descendants(grace: float) -> None:
         left = set(_descendants())
         if not left:
             return
-        late = time.monotonic() >= deadline
+        now = time.monotonic()
+        if now >= deadline + KILL_WAIT:
+            # In uninterruptible sleep, or of another uid: say so rather than wait forever.
+            shown = ", ".join(f"pid {pid}" for pid, _ in sorted(left))
+            _say(f"left running after SIGKILL: {shown}")
+            return
+        late = now >= deadline
         for pid, start in left - (set() if late else termed):
             _kill(pid, start, signal.SIGKILL if late else signal.SIGTERM)
             if not late:

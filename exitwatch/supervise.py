@@ -102,8 +102,11 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
             if settings.tmpdir:
                 made.append(_fresh_dir(env.get("TMPDIR") or "/tmp", owner))
                 child_env["TMPDIR"] = made[1]
-        except (ProxyError, OSError) as err:
+        except ProxyError as err:
             raise RunError(str(err)) from None
+        except OSError as err:
+            where = os.path.dirname(err.filename or "") or "?"
+            raise RunError(f"cannot make the run's directory in {where}: {err.strerror}") from None
         proxy = Proxy(listener, engine, str(owner))
         status = _supervise(argv, child_env, proxy, settings, old_mask)
         proxy.stop()

@@ -404,3 +404,14 @@ def test_the_agent_reaps_a_sigkilled_wrapper(engine, workroot, tmp_path) -> None
         wait_for(reaped, timeout=GONE_DEADLINE, what="the killed run's resources reaped")
         # Asked to be kept, it was not labelled, and it stays.
         assert LABEL_OWNER not in (api.inspect_network("keptnet")["Labels"] or {})
+
+
+def test_a_tmpdir_that_cannot_hold_the_runs_directory_is_one_line(bases, tmp_path) -> None:
+    done = run(["--", "touch", "ran"], env_for(bases, TMPDIR=str(tmp_path / "none")), cwd=tmp_path)
+    assert done.returncode == 125
+    where = tmp_path / "none"
+    assert done.stderr == f"exitwatch run: cannot make the run's directory in {where}: " + (
+        "No such file or directory\n"
+    )
+    assert not (tmp_path / "ran").exists()
+    assert list(bases.iterdir()) == []  # the socket's directory, made first, went too

@@ -139,12 +139,12 @@ def _supervise(
         _say(f"{argv[0]}: {err.strerror}")
         return 127 if isinstance(err, FileNotFoundError) else 126
     proxy.start()
-    status = _wait(proc, settings)
+    status = _wait(proc)
     _end_descendants(settings.grace)
     return status
 
 
-def _wait(proc: subprocess.Popen, settings: Settings) -> int:
+def _wait(proc: subprocess.Popen) -> int:
     """Forward signals to CMD until it exits; its status, as a shell reports it."""
     escalate = 0
     while True:

@@ -415,3 +415,20 @@ def test_a_tmpdir_that_cannot_hold_the_runs_directory_is_one_line(bases, tmp_pat
     )
     assert not (tmp_path / "ran").exists()
     assert list(bases.iterdir()) == []  # the socket's directory, made first, went too
+
+
+def test_everything_goes_after_a_sigterm_to_the_wrapper(engine, bases) -> None:
+    proc = subprocess.Popen(
+        [*RUN, "--", "sh", "-c", MAKES_AND_WAITS],
+        env=env_for(bases, engine, IMAGE=engine.image),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert Path(proc.stdout.readline().strip()).parent == bases
+    proc.send_signal(signal.SIGTERM)  # to sleep, which dies of it
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    api = engine.client.api
+    owned = {"label": LABEL_OWNER}
+    assert api.containers(all=True, filters=owned) == []
+    assert api.networks(filters=owned) == [] and not api.volumes(filters=owned)["Volumes"]
+    assert list(bases.iterdir()) == []

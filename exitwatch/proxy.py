@@ -284,6 +284,9 @@ class _Requests:
             else:
                 self._forward_body(conn, event, head, rest)
             if hijack:
+                # Raw from here on, whatever the engine answers: should it refuse (an error
+                # instead of the hijack), a request the client sent next on this connection
+                # would pass unlabelled, but docker clients drop such a connection.
                 _pump(self.client, self.upstream, self.pending)
                 return
 

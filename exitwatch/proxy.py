@@ -286,7 +286,7 @@ class _Requests:
             if hijack:
                 # Raw from here on, whatever the engine answers: should it refuse (an error
                 # instead of the hijack), a request the client sent next on this connection
-                # would pass unlabelled, but docker clients drop such a connection.
+                # would pass unlabelled. The docker CLI closes such a connection.
                 _pump(self.client, self.upstream, self.pending)
                 return
 

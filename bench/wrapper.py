@@ -29,7 +29,7 @@ import psutil
 from bench.engine import IMAGE, Engine
 
 STREAM_BYTES = 256 * 1024 * 1024
-STREAM_ROUNDS = 3
+STREAM_ROUNDS = 4  # even: each socket goes first as often
 CLIENTS = 64
 # Waits for stdin to close, so the wrapper lives until the benchmark is done.
 HOLD = "import os, sys; print(os.environ['DOCKER_HOST'], flush=True); sys.stdin.read()"
@@ -133,18 +133,21 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         direct_api = docker.APIClient(base_url=engine.host, timeout=300)
         proxy_api = docker.APIClient(base_url=proxied, timeout=300)
         direct, through, ping_d, ping_p = [], [], [], []
-        for _ in range(trials):
-            direct.append(_create_start(direct_api, made))
-            through.append(_create_start(proxy_api, made))
+        for n in range(trials):
+            # Each goes first in turn: the engine is still busy with the container before.
+            pair = [(direct, direct_api), (through, proxy_api)]
+            for times, api in pair if n % 2 else reversed(pair):
+                times.append(_create_start(api, made))
             ping_d += _ping_ms(engine.host, 5)
             ping_p += _ping_ms(proxied, 5)
         cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]
         made.append(cid)
         direct_api.start(cid)
         d_rate, p_rate = [], []
-        for _ in range(STREAM_ROUNDS):
-            d_rate.append(_stream(direct_api, cid, stream_bytes))
-            p_rate.append(_stream(proxy_api, cid, stream_bytes))
+        for n in range(STREAM_ROUNDS):
+            pair = [(d_rate, direct_api), (p_rate, proxy_api)]
+            for rates, api in pair if n % 2 else reversed(pair):
+                rates.append(_stream(api, cid, stream_bytes))
         with ThreadPoolExecutor(CLIENTS) as pool:
             failures = [f for f in pool.map(_client_work, [proxied] * CLIENTS, range(CLIENTS)) if f]
         direct_api.close()

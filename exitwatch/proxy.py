@@ -108,10 +108,17 @@ class _Workers:
         if spawn:
             threading.Thread(target=self._work, name="exitwatch-proxy", daemon=True).start()
 
+    def close(self) -> None:
+        """End the spare workers now rather than after IDLE_EXIT."""
+        with self._lock:
+            spare, self._idle = self._idle, 0
+        for _ in range(spare):
+            self._tasks.put(None)
+
     def _work(self) -> None:
         while True:
             try:
-                task, args = self._tasks.get(timeout=IDLE_EXIT)
+                item = self._tasks.get(timeout=IDLE_EXIT)
             except queue.Empty:
                 with self._lock:
                     # idle counts the waiting workers less the queued tasks: while it is 0,
@@ -120,6 +127,9 @@ class _Workers:
                         self._idle -= 1
                         return
                 continue
+            if item is None:
+                return
+            task, args = item
             try:
                 task(*args)
             except Exception:  # a bug of ours: the connection is lost, the proxy is not
@@ -154,6 +164,7 @@ class Proxy:
         self._listener.close()
         with self._lock:
             _cut(*self._open)
+        self._workers.close()
 
     def _serve(self) -> None:
         while not self._stopping:

@@ -74,6 +74,13 @@ def targets(results: dict) -> list[dict]:
                 20,
             )
             _check(out, "hooks", f"{src} missed", r["missed"], "<=", 0)
+    if "wrapper" in s:
+        w = s["wrapper"]
+        overhead = w["create_start_ms"]["overhead"].get("p95")
+        _check(out, "wrapper", "create+start overhead p95 ms", overhead, "<=", 5)
+        _check(out, "wrapper", "stream throughput / direct", w["stream"]["ratio"], ">=", 0.9)
+        _check(out, "wrapper", "wrapper RSS MB", w["wrapper_rss_mb"], "<=", 40)
+        _check(out, "wrapper", f"failures of {w['clients']} clients", w["client_failures"], "<=", 0)
     if "idle" in s:
         _check(out, "idle", "agent CPU %", s["idle"]["cpu_pct"], "<", 0.5)
         _check(out, "idle", "agent RSS MB", s["idle"]["rss_mb"], "<", 60)
@@ -176,6 +183,38 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
                 _dist(r["overhead_ms"]),
             ),
             ("hooks", f"{src}: trials", f"{r['trials']} trials, {r['missed']} missed"),
+        ]
+    if "wrapper" in s:
+        w = s["wrapper"]
+        cs, ping, st = w["create_start_ms"], w["ping_ms"], w["stream"]
+        out += [
+            ("wrapper", f"`docker run -d` create+start, direct, {dist}", _dist(cs["direct"])),
+            ("wrapper", f"create+start through the run's socket, {dist}", _dist(cs["run"])),
+            (
+                "wrapper",
+                f"create+start overhead, per trial (socket - direct beside it), {dist}",
+                _dist(cs["overhead"]),
+            ),
+            (
+                "wrapper",
+                f"`_ping` on a new connection, overhead per trial, {dist}",
+                _dist(ping["overhead"]),
+            ),
+            (
+                "wrapper",
+                f"exec stream of {st['bytes'] >> 20} MiB: socket / direct, MB/s",
+                f"{st['run_mb_s']} / {st['direct_mb_s']} = {st['ratio']}",
+            ),
+            (
+                "wrapper",
+                f"{w['clients']} concurrent clients: failures",
+                str(w["client_failures"]),
+            ),
+            (
+                "wrapper",
+                "wrapper peak RSS MB, serving (with its cleanup)",
+                f"{w['wrapper_rss_mb']} ({w['wrapper_rss_mb_with_cleanup']})",
+            ),
         ]
     if "idle" in s:
         i = s["idle"]

@@ -199,7 +199,7 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
         engine.close()
         shutil.rmtree(work, ignore_errors=True)
     results["duration_s"] = round(time.monotonic() - begun, 1)
-    results["targets"] = report.targets(results) + wrapper.targets(sections.get("wrapper"))
+    results["targets"] = report.targets(results)
     return results
 
 

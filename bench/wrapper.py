@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import docker
 import psutil
 
+from bench import stats
 from bench.engine import IMAGE, Engine
 
 STREAM_BYTES = 256 * 1024 * 1024
@@ -53,10 +54,6 @@ class _Peak(threading.Thread):
         self.done.set()
         self.join()
         return round(self.peak / 2**20, 1)
-
-
-def _p(values: list[float], q: float) -> float:
-    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 2)
 
 
 def _create_start(api: docker.APIClient, made: list[str]) -> float:
@@ -159,18 +156,17 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         rss = peak.mb()
         engine.remove(made)
     return {
+        # Each create+start through the socket against the direct one run beside it.
         "create_start_ms": {
-            "direct_p50": _p(direct, 50),
-            "direct_p95": _p(direct, 95),
-            "run_p50": _p(through, 50),
-            "run_p95": _p(through, 95),
-            "overhead_p95": round(_p(through, 95) - _p(direct, 95), 2),
+            "direct": stats.summary(direct),
+            "run": stats.summary(through),
+            "overhead": stats.paired(through, direct),
         },
         # The proxy's own cost, without the engine's work and its jitter around it.
         "ping_ms": {
-            "direct_p95": _p(ping_d, 95),
-            "run_p95": _p(ping_p, 95),
-            "overhead_p95": round(_p(ping_p, 95) - _p(ping_d, 95), 2),
+            "direct": stats.summary(ping_d),
+            "run": stats.summary(ping_p),
+            "overhead": stats.paired(ping_p, ping_d),
         },
         "stream": {
             "bytes": stream_bytes,
@@ -185,28 +181,6 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         "wrapper_rss_mb_with_cleanup": rss,
         "wrapper_exit": wrapper.returncode,
     }
-
-
-def targets(section: dict | None) -> list[dict]:
-    """The issue's targets for this section, in the form of report.targets'."""
-    if not section or "error" in section:
-        return []
-    s = section
-    checks = [
-        ("create+start overhead p95 ms", s["create_start_ms"]["overhead_p95"], "<=", 5),
-        ("stream throughput / direct", s["stream"]["ratio"], ">=", 0.9),
-        ("wrapper RSS MB", s["wrapper_rss_mb"], "<=", 40),
-        (f"failures of {s['clients']} concurrent clients", s["client_failures"], "<=", 0),
-    ]
-    return [
-        {
-            "section": "wrapper",
-            "target": f"{name} {op} {limit:g}",
-            "value": value,
-            "met": value <= limit if op == "<=" else value >= limit,
-        }
-        for name, value, op, limit in checks
-    ]
 
 
 if __name__ == "__main__":  # a quick look: python -m bench.wrapper [ENGINE_DIR]

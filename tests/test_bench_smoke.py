@@ -110,6 +110,10 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
     run = results["sections"]["wrapper"]
     assert run["client_failures"] == 0 and run["wrapper_exit"] == 0 and run["wrapper_rss_mb"] > 0
     assert run["stream"]["ratio"] > 0
+    for part in ("create_start_ms", "ping_ms"):
+        for key in ("direct", "run", "overhead"):
+            _dist(run[part][key])
+        assert run[part]["overhead"]["n"] == run[part]["direct"]["n"] > 0
 
     for r in results["sections"]["hooks"]:
         _dist(r["hook_ms"])

@@ -213,7 +213,7 @@ def reap(config_path: str | None, **flags: object) -> None:
     config = _config(config_path, **flags)
     logs.setup(config.log_format)
     from exitwatch.agent import Agent
-    from exitwatch.resources.docker import EngineError
+    from exitwatch.resources.engine import EngineError
 
     kinds = _kinds(config)
     problem = kinds[0].ping()
@@ -269,7 +269,7 @@ def _scan(config: Config) -> dict:
     from exitwatch.index import Index
     from exitwatch.owner import death
     from exitwatch.resources import workdirs
-    from exitwatch.resources.docker import EngineError
+    from exitwatch.resources.engine import EngineError
 
     index = Index()
     kinds = _kinds(config)

@@ -250,7 +250,8 @@ def _cleanup(owner: Owner, engine: str, made: list[str]) -> None:
     """Remove what the run holds: its containers (compose projects whole), networks and
     volumes, then its directories. Says what could not go; the agent retries that once the
     wrapper is gone."""
-    from exitwatch.resources.docker import Containers, EngineError
+    from exitwatch.resources.docker import Containers
+    from exitwatch.resources.engine import EngineError
     from exitwatch.resources.workdirs import KIND, Workdirs
 
     outcomes: list[Outcome] = []

@@ -17,7 +17,8 @@ import pytest
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
-from exitwatch.resources.docker import Containers, EngineError, json_array
+from exitwatch.resources.docker import Containers
+from exitwatch.resources.engine import EngineError, json_array
 
 from conftest import PrivateEngine
 from procs import kill, spawn_owner, wait_for

@@ -3,30 +3,32 @@ that takes a compose project as a whole."""
 
 from __future__ import annotations
 
-import codecs
 import functools
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
 import docker.utils
-from docker.errors import APIError, DockerException, NotFound
-from requests import RequestException
-from urllib3.exceptions import HTTPError
+from docker.errors import APIError, NotFound
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner, OwnerError, death
-from exitwatch.resources import compose, dockerhttp
+from exitwatch.resources import compose
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.resources.engine import (
+    DEFAULT_HOST,
+    ENGINE_ERRORS,
+    Engine,
+    EngineError,
+    engine_error,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "unix:///var/run/docker.sock"
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
 ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
@@ -36,142 +38,6 @@ STOP_DEADLINE = 1.0  # the events thread's share of the agent's 2 s; it is a dae
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
 SINCE_MARGIN_NS = 100_000_000
-
-# Read size for the container listing: some twenty containers' worth at a time, so its
-# decoding never holds much more than one chunk and the item being built.
-LISTING_CHUNK = 64 * 1024
-# What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
-ENGINE_ERRORS = (DockerException, RequestException, HTTPError, OSError, ValueError)
-
-
-class EngineError(Exception):
-    """The Docker engine did not answer, or refused. The message is one line naming it."""
-
-
-def _why(err: BaseException) -> str:
-    """One line saying what went wrong, from under the layers requests and urllib3 wrap."""
-    if isinstance(err, APIError):
-        return f"{err.explanation or err} (HTTP {err.status_code})"
-    todo: list[BaseException] = [err]
-    while todo:
-        cur = todo.pop(0)
-        if isinstance(cur, OSError) and cur.strerror:
-            return cur.strerror
-        todo += [a for a in cur.args if isinstance(a, BaseException)]
-        todo += [e for e in (cur.__cause__, cur.__context__) if e is not None]
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-class Engine:
-    """Exactly the Docker calls exitwatch makes, on one client (Ryuk's narrow interface).
-
-    The client is made on first use: making it asks the engine for its API version, which
-    fails while no engine answers, and the next call should simply try again.
-    """
-
-    def __init__(self, client_args: dict[str, Any], timeout: float, pool: int) -> None:
-        self._args, self._timeout, self._pool = client_args, timeout, pool
-        self._api: docker.APIClient | None = None
-        self._lock = threading.Lock()
-        base = client_args.get("base_url") or DEFAULT_HOST
-        # Removals go straight to a local engine's socket (dockerhttp.py says why).
-        self._socket = (
-            "/" + base[len("unix://") :].lstrip("/") if base.startswith("unix://") else None
-        )
-
-    def _client(self) -> docker.APIClient:
-        with self._lock:
-            if self._api is None:
-                self._api = docker.APIClient(
-                    version="auto", timeout=self._timeout, max_pool_size=self._pool, **self._args
-                )
-            return self._api
-
-    def ping(self) -> None:
-        self._client().ping()
-
-    def containers(self, label: str) -> list[dict[str, Any]]:
-        return list(self.each_container(label))
-
-    def each_container(self, label: str) -> Iterator[dict[str, Any]]:
-        """The containers with `label`, decoded one at a time as the listing streams in. A
-        host with thousands would otherwise hold the whole listing at once, as text and as
-        objects, and the process would keep that high-water mark for good."""
-        api = self._client()
-        params = {"all": 1, "filters": json.dumps({"label": [label]})}
-        response = api._get(api._url("/containers/json"), params=params, stream=True)
-        try:
-            api._raise_for_status(response)
-            yield from json_array(response.iter_content(LISTING_CHUNK))
-        finally:
-            response.close()
-
-    def events(self, since: str) -> Any:
-        """Create and destroy events of labelled containers, as a closable iterator."""
-        filters = {"type": "container", "label": LABEL_OWNER, "event": ["create", "destroy"]}
-        return self._client().events(since=since, filters=filters, decode=True)
-
-    def created(self, cid: str) -> object:
-        """The container's creation time as the engine gives it (RFC 3339, to the ns)."""
-        return self._client().inspect_container(cid).get("Created")
-
-    def remove_container(self, cid: str) -> None:
-        api = self._client()
-        if self._socket is None:
-            api.remove_container(cid, force=True, v=True)
-        else:
-            dockerhttp.remove_container(self._socket, api.api_version, cid, self._timeout)
-
-    def networks(self, label: str) -> list[dict[str, Any]]:
-        return self._client().networks(filters={"label": label})
-
-    def remove_network(self, nid: str) -> None:
-        self._client().remove_network(nid)
-
-    def volumes(self, label: str) -> list[dict[str, Any]]:
-        return self._client().volumes(filters={"label": label}).get("Volumes") or []
-
-    def remove_volume(self, name: str) -> None:
-        self._client().remove_volume(name)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._api is not None:
-                self._api.close()
-                self._api = None
-
-
-def json_array(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
-    """The objects of a JSON array of objects arriving in chunks, each as soon as it is
-    whole. Raises ValueError for anything else, or for a listing cut short."""
-    decoder = json.JSONDecoder()
-    text = codecs.getincrementaldecoder("utf-8")()
-    buf, opened = "", False
-    for chunk in chunks:
-        buf += text.decode(chunk)
-        pos = 0
-        while True:
-            while pos < len(buf) and buf[pos] in ", \t\r\n":
-                pos += 1
-            if pos == len(buf):
-                break
-            if not opened:
-                if buf[pos] != "[":
-                    raise ValueError(f"the listing is not a JSON array: {buf[pos:][:80]!r}")
-                opened, pos = True, pos + 1
-                continue
-            if buf[pos] == "]":
-                return
-            if buf[pos] != "{":
-                raise ValueError(f"the listing holds a non-object: {buf[pos:][:80]!r}")
-            try:
-                item, pos = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError:
-                break  # not whole yet
-            yield item
-        buf = buf[pos:]
-    raise ValueError(f"the listing ended before its closing bracket: {buf[:80]!r}")
 
 
 def _kept(labels: dict[str, str]) -> bool:
@@ -234,7 +100,7 @@ def _attempt(call: Callable[[], None]) -> tuple[bool, str]:
         except NotFound:
             return True, "already gone"
         except ENGINE_ERRORS as err:
-            problem = _why(err)
+            problem = engine_error(err)
             # A refusal stays a refusal; 409 is mostly "removal already in progress".
             if isinstance(err, APIError) and err.is_client_error() and err.status_code != 409:
                 break
@@ -285,7 +151,7 @@ class Containers(ResourceKind):
         try:
             self._engine.ping()
         except ENGINE_ERRORS as err:
-            return f"no Docker engine answers at {self.host}: {_why(err)}"
+            return f"no Docker engine answers at {self.host}: {engine_error(err)}"
         return None
 
     def scan(self) -> Snapshot:
@@ -293,7 +159,7 @@ class Containers(ResourceKind):
         try:
             return _snapshot(self._engine)
         except ENGINE_ERRORS as err:
-            raise EngineError(f"docker engine at {self.host}: {_why(err)}") from err
+            raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -322,7 +188,7 @@ class Containers(ResourceKind):
             try:
                 stream.close()
             except ENGINE_ERRORS as err:
-                log.debug("closing the docker events stream: %s", _why(err))
+                log.debug("closing the docker events stream: %s", engine_error(err))
 
     def _watch(self, notify: Notify) -> None:
         delay = BACKOFF_MIN
@@ -338,7 +204,7 @@ class Containers(ResourceKind):
                 if self._stopping.is_set():
                     break
                 if isinstance(err, ENGINE_ERRORS):
-                    problem = _why(err)
+                    problem = engine_error(err)
                 else:  # a bug, ours or notify's: the thread must outlive it, and say so
                     log.exception("docker events thread: unexpected error")
                     problem = f"unexpected error: {err!r}"
@@ -443,7 +309,7 @@ class Containers(ResourceKind):
         try:
             listed = self._engine.containers(f"{LABEL_COMPOSE_PROJECT}={project}")
         except ENGINE_ERRORS as err:
-            why = f"listing compose project {project}: {_why(err)}"
+            why = f"listing compose project {project}: {engine_error(err)}"
             return {}, False, [_container(r.key, r.name, project, False, why) for r in given]
         why_dead = functools.cache(death)
         holders: list[str] = []  # why the project cannot go as a whole
@@ -500,7 +366,7 @@ class Containers(ResourceKind):
                     try:
                         why = compose.why_older(self._engine.created(cid), since)
                     except ENGINE_ERRORS as err:
-                        why = f"its creation time cannot be read: {_why(err)}"
+                        why = f"its creation time cannot be read: {engine_error(err)}"
             if why is None:
                 joined[cid] = rest[cid]
             else:
@@ -517,7 +383,7 @@ class Containers(ResourceKind):
             nets = self._engine.networks(label)
             listed = [] if dry_run else self._engine.containers(label)
         except ENGINE_ERRORS as err:
-            why = f"listing compose project {project}: {_why(err)}"
+            why = f"listing compose project {project}: {engine_error(err)}"
             return [Outcome(f"networks of compose project {project}", "network", False, why)]
         left = ", ".join(_name(c) for c in listed)
         outcomes = []
@@ -548,7 +414,7 @@ class Containers(ResourceKind):
         try:
             listed = self._engine.containers(f"{LABEL_OWNER}={owner}")
         except ENGINE_ERRORS as err:
-            raise EngineError(f"docker engine at {self.host}: {_why(err)}") from err
+            raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
         found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
 
@@ -563,7 +429,7 @@ class Containers(ResourceKind):
             vols = self._engine.volumes(label)
             left = [] if dry_run or not (nets or vols) else self._engine.containers(label)
         except ENGINE_ERRORS as err:
-            why = f"listing what owner {owner} labelled: {_why(err)}"
+            why = f"listing what owner {owner} labelled: {engine_error(err)}"
             return [Outcome(f"networks and volumes of {owner}", "network", False, why)]
         outcomes = []
         for kind, items, key, call in (

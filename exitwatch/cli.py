@@ -266,6 +266,7 @@ def _scan(config: Config) -> dict:
             owners.append(entry)
         else:
             held = [c["name"] for c in entry["containers"]] + entry["workdirs"]
+            held += entry["processes"]
             pending.append({"owner": entry["owner"], "death": why, "what": held})
     return {"schema": 1, "agent": None, "docker": docker, "owners": owners, "pending": pending}
 

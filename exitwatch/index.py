@@ -46,6 +46,7 @@ class Index:
                 if r.kind == "container"
             ],
             "workdirs": sorted(r.key for r in held if r.kind == "workdir"),
+            "processes": sorted(r.name for r in held if r.kind == "process"),
         }
 
     def add(self, res: Resource) -> tuple[bool, Owner | None]:

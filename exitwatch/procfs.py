@@ -22,6 +22,9 @@ class Stat:
     num_threads: int
     starttime: int  # clock ticks since boot (field 22)
     exit_code: int | None  # raw wait status (field 52), meaningful once the task has exited
+    # Where the environment lies in memory (fields 50-51): a new one at every exec. Zeros
+    # to a reader without ptrace access, None on kernels before 3.5.
+    env_area: tuple[int, int] | None = None
 
 
 def boot_id(proc: str = PROC) -> str:
@@ -47,6 +50,7 @@ def parse_stat(data: str) -> Stat:
         num_threads=int(rest[17]),
         starttime=int(rest[19]),
         exit_code=int(rest[49]) if len(rest) > 49 else None,
+        env_area=(int(rest[47]), int(rest[48])) if len(rest) > 48 else None,
     )
 
 

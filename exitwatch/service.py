@@ -16,6 +16,7 @@ from exitwatch.config import Config, ConfigError
 from exitwatch.record import Recorder
 from exitwatch.resources.base import ResourceKind
 from exitwatch.resources.docker import Containers
+from exitwatch.resources.processes import Processes
 from exitwatch.resources.workdirs import Workdirs
 from exitwatch.sources import pick
 from exitwatch.status import SCHEMA, StatusServer
@@ -36,7 +37,7 @@ def make_kinds(config: Config) -> list[ResourceKind]:
             "docker_host: expected a local engine's unix:// socket (owners are processes of "
             f"this host), got {containers.host!r}"
         )
-    return [containers, Workdirs(config.workdir_roots, config.workdir_depth)]
+    return [containers, Workdirs(config.workdir_roots, config.workdir_depth), Processes()]
 
 
 class Service:

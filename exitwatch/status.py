@@ -169,6 +169,7 @@ def _owner_lines(owner: dict) -> list[str]:
         project = f", project {c['project']}" if c.get("project") else ""
         lines.append(f"    container {c['id'][:12]} ({c['name']}{project})")
     lines.extend(f"    workdir {w}" for w in owner.get("workdirs", []))
+    lines.extend(f"    {p}" for p in owner.get("processes", []))
     return lines
 
 

@@ -1,4 +1,4 @@
-"""The command line: agent, reap, status, labels, mark."""
+"""The command line: agent, reap, status, labels, mark, run."""
 
 from __future__ import annotations
 
@@ -324,6 +324,45 @@ def mark(directory: str, pid: int | None) -> None:
         raise click.ClickException(str(err)) from None
     except OSError as err:
         raise click.ClickException(f"cannot mark {directory}: {err.strerror}") from None
+
+
+class _OneLineUsage(click.Command):
+    """Bad use of `run` is one line and exit 2, so that a runner's own output stays readable."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as err:
+            click.echo(f"exitwatch run: {err.format_message()} (see --help)", err=True)
+            ctx.exit(2)
+
+
+@cli.command(cls=_OneLineUsage, context_settings={"allow_interspersed_args": False})
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 3600),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between SIGTERM and SIGKILL for what CMD leaves running.",
+)
+@click.option("--no-tmpdir", is_flag=True, help="Leave TMPDIR as it is.")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
+    """Run CMD as one owner, and remove what it leaves when it ends, however it ends.
+
+    CMD's Docker clients are pointed at a socket of the run's that labels what they create;
+    its TMPDIR is a fresh marked directory. Exits with CMD's status (128+N for signal N).
+    """
+    from exitwatch.supervise import SETUP_FAILED, RunError, Settings
+    from exitwatch.supervise import run as supervise
+
+    try:
+        code = supervise(argv, Settings(grace=grace, tmpdir=not no_tmpdir))
+    except RunError as err:
+        click.echo(f"exitwatch run: {err}", err=True)
+        code = SETUP_FAILED
+    sys.exit(code)
 
 
 def _owning_pid(pid: int | None) -> int:

@@ -115,6 +115,12 @@ class Engine:
     def remove_network(self, nid: str) -> None:
         self._client().remove_network(nid)
 
+    def volumes(self, label: str) -> list[dict[str, Any]]:
+        return self._client().volumes(filters={"label": label}).get("Volumes") or []
+
+    def remove_volume(self, name: str) -> None:
+        self._client().remove_volume(name)
+
     def close(self) -> None:
         with self._lock:
             if self._api is not None:
@@ -369,6 +375,11 @@ class Containers(ResourceKind):
     def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
         if death(owner) is None:
             return [_refused(r, f"owner {owner} is alive") for r in resources]
+        return self.remove_ended(owner, resources, dry_run)
+
+    def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        """Remove what `owner` held once its run is over: the agent calls it when the owner
+        is dead, `exitwatch run` (the owner itself) when its command and all descendants are."""
         outcomes = [
             _refused(r, f"owned by {r.owner}, not {owner}") for r in resources if r.owner != owner
         ]
@@ -399,7 +410,7 @@ class Containers(ResourceKind):
                 outcomes += pool.map(one, doomed.items())
         for project in whole:
             outcomes += self._remove_networks(project, dry_run)
-        return outcomes
+        return outcomes + self._remove_labelled(owner, dry_run, outcomes)
 
     def _plan_project(
         self, owner: Owner, project: str, given: list[Resource]
@@ -468,6 +479,50 @@ class Containers(ResourceKind):
                 outcomes.append(
                     said(*_attempt(functools.partial(self._engine.remove_network, net["Id"])))
                 )
+        return outcomes
+
+    # -- what an ended run holds: networks and volumes are labelled as containers are ------
+
+    def owned(self, owner: Owner) -> list[Resource]:
+        """The containers labelled with `owner` now. Raises EngineError."""
+        try:
+            listed = self._engine.containers(f"{LABEL_OWNER}={owner}")
+        except ENGINE_ERRORS as err:
+            raise EngineError(f"docker engine at {self.host}: {_why(err)}") from err
+        found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
+        return [r for r in found if r is not None and r.owner == owner]
+
+    def _remove_labelled(self, owner: Owner, dry_run: bool, done: list[Outcome]) -> list[Outcome]:
+        """Remove the networks and volumes labelled with `owner` (a compose project's named
+        volumes and networks, or ones made by hand), once none of its containers is left.
+        Those already dealt with in `done` are skipped."""
+        label = f"{LABEL_OWNER}={owner}"
+        seen = {o.extra.get("id") for o in done}
+        try:
+            nets = [n for n in self._engine.networks(label) if n["Id"] not in seen]
+            vols = self._engine.volumes(label)
+            left = [] if dry_run or not (nets or vols) else self._engine.containers(label)
+        except ENGINE_ERRORS as err:
+            why = f"listing what owner {owner} labelled: {_why(err)}"
+            return [Outcome(f"networks and volumes of {owner}", "network", False, why)]
+        outcomes = []
+        for kind, items, key, call in (
+            ("network", nets, "Id", self._engine.remove_network),
+            ("volume", vols, "Name", self._engine.remove_volume),
+        ):
+            for item in items:
+                if _kept(item.get("Labels") or {}):
+                    continue
+                said = functools.partial(
+                    Outcome, f"{kind} {item.get('Name', '')}", kind, extra={"id": item[key]}
+                )
+                if dry_run:
+                    outcomes.append(said(True, "dry run: would remove"))
+                elif left:
+                    names = ", ".join(_name(c) for c in left)
+                    outcomes.append(said(False, f"containers of the owner remain: {names}", True))
+                else:
+                    outcomes.append(said(*_attempt(functools.partial(call, item[key]))))
         return outcomes
 
 

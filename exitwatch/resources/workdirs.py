@@ -231,6 +231,10 @@ class Workdirs(ResourceKind):
                 Outcome(f"workdir {printable(r.key)}", KIND, ok=False, detail=why, refused=True)
                 for r in resources
             ]
+        return self.remove_ended(owner, resources, dry_run)
+
+    def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        """Remove `owner`'s workdirs once its run is over (see Containers.remove_ended)."""
         return [self._remove_one(owner, res.key, dry_run) for res in resources]
 
     def _remove_one(self, owner: Owner, path: str, dry_run: bool) -> Outcome:

@@ -255,6 +255,8 @@ class Processes(ResourceKind):
                 return Outcome(res.name, KIND, ok=False, detail=str(why), refused=True)
             except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
                 return Outcome(res.name, KIND, ok=True, detail="already gone")
+            except psutil.Error as err:  # AccessDenied: not root, or a hardened /proc
+                return Outcome(res.name, KIND, ok=False, detail=f"failed: {err}")
             # Still running after the checks: every /proc read above was of this pidfd's
             # process, and the signal below can reach no other.
             if _exited(pidfd, 0):

@@ -28,6 +28,7 @@ ENGINE_SH = Path(__file__).with_name("engine.sh")
 BASE = Path("/tmp/exitwatch-runners")  # short: containerd's socket paths live below it
 PYTHON_IMAGE = "python:3.11-slim"
 PYTHON = "/usr/bin/python3.11"
+BASH = "/bin/bash"
 BRIDGE_PREFIX = "exwr"
 
 
@@ -102,7 +103,8 @@ def _libraries(paths: list[str]) -> set[str]:
 
 def _python_rootfs() -> bytes:
     """A tar of busybox and its applets, Debian's python3.11 as python3, its shared
-    libraries (those of its extension modules too) and its standard library."""
+    libraries (those of its extension modules too) and its standard library, and bash
+    (benchflow's oracle runs `bash solve.sh`)."""
     stdlib = "/usr/lib/python3.11"
     dynload = [str(p) for p in Path(stdlib, "lib-dynload").glob("*.so")]
     buf = io.BytesIO()
@@ -116,9 +118,11 @@ def _python_rootfs() -> bytes:
             if applet != "busybox":
                 (root / "bin" / applet).symlink_to("busybox")
         (root / "etc/passwd").write_text("root:x:0:0:root:/:/bin/sh\n")
+        (root / "etc/group").write_text("root:x:0:\n")
         tar.add(root, arcname=".")
         tar.add(PYTHON, arcname="usr/bin/python3")
-        for lib in sorted(_libraries([PYTHON, *dynload])):
+        tar.add(BASH, arcname="usr/bin/bash")
+        for lib in sorted(_libraries([PYTHON, BASH, *dynload])):
             tar.add(os.path.realpath(lib), arcname=lib.lstrip("/"))
         tar.add(stdlib, arcname=stdlib.lstrip("/"), filter=_no_caches)
     return buf.getvalue()
@@ -135,7 +139,7 @@ def python_image(host: str) -> None:
     inspect = ["docker", "image", "inspect", PYTHON_IMAGE]
     if subprocess.run(inspect, capture_output=True, env=env).returncode == 0:
         return
-    cached = CACHE / "python-3.11-slim.tar"
+    cached = CACHE / "python-3.11-slim-2.tar"  # bumped when the rootfs changes
     if not cached.exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_name(f".{cached.name}.{os.getpid()}")

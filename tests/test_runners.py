@@ -16,6 +16,7 @@ wrapper, (d) a normal finish. The figures measured are printed (pytest -s shows 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -106,11 +107,32 @@ async def main():
 asyncio.run(main())
 """,
 }
+# benchflow's CLI with the offline oracle agent, whose `docker compose exec` client runs
+# solve.sh (which waits) when the run is ended: the leftover process seen in the field. Its
+# exit status is benchflow's own, so it takes part in (a) and (b) only.
+CLI = """
+import json, os, sys
+jobs, benchflow, tasks = sys.argv[1:]
+print(json.dumps(dict(pid=os.getpid(), owner=os.environ["EXITWATCH_OWNER"],
+                      tmpdir=os.environ["TMPDIR"], docker_host=os.environ["DOCKER_HOST"],
+                      ready=f"{jobs}/*/*/agent/ready")), flush=True)
+os.execv(benchflow, [benchflow, "eval", "run", "--tasks-dir", tasks, "--agent", "oracle",
+                     "--sandbox", "docker", "--jobs-dir", jobs])
+"""
+TASK = {
+    "task.toml": f'[environment]\ndocker_image = "{runners.PYTHON_IMAGE}"\n',
+    "instruction.md": "Wait.\n",
+    "solution/solve.sh": "touch /logs/agent/ready\nexec sleep 1000000\n",
+    "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",
+}
 VENVS = {
     "benchflow": tools.benchflow,
+    "benchflow-cli": tools.benchflow,
     "verifiers-docker": tools.verifiers,
     "verifiers-subprocess": tools.verifiers,
 }
+# Beside a CLI run, the live run is DockerSandbox's: a CLI run cannot be told to finish.
+LIVE = {"benchflow-cli": "benchflow"}
 
 
 @dataclass
@@ -143,19 +165,24 @@ def rig() -> Iterator[Rig]:
 class Run:
     """`exitwatch run -- <the runner's python> -c <its driver>`, started and ready."""
 
-    def __init__(self, rig: Rig, runner: str, log: Path) -> None:
+    def __init__(self, rig: Rig, runner: str, here: Path) -> None:
         try:
-            python = VENVS[runner]() / "bin/python"
+            venv = VENVS[runner]()
         except tools.Unavailable as err:
             pytest.skip(f"{runner}: {err}")
-        self.rig, self.log = rig, log
-        argv = [sys.executable, "-m", "exitwatch", "run", "--grace", "1", "--"]
+        self.rig, self.log = rig, here / f"{runner}.log"
+        cmd = [str(venv / "bin/python"), "-c"]
+        if runner == "benchflow-cli":
+            cmd += [CLI, str(here / "jobs"), str(venv / "bin/benchflow"), str(_tasks(here))]
+        else:
+            cmd += [_READY + DRIVERS[runner]]
         self.proc = subprocess.Popen(
-            [*argv, str(python), "-c", _READY + DRIVERS[runner]],
+            [sys.executable, "-m", "exitwatch", "run", "--grace", "1", "--", *cmd],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=log.open("wb"),
+            stderr=self.log.open("wb"),
             env=rig.env,
+            cwd=here,  # benchflow keeps a cache in the working directory
         )
         line = self.proc.stdout.readline()
         if not line:
@@ -165,6 +192,24 @@ class Run:
         self.owner: str = self.info["owner"]
         assert self.owner.split(":")[1] == str(self.proc.pid)  # the wrapper owns the run
         self.socket_dir = os.path.dirname(self.info["docker_host"].removeprefix("unix://"))
+        if "ready" in self.info:
+            self._wait_ready(self.info["ready"])
+
+    def _wait_ready(self, pattern: str) -> None:
+        """Wait until solve.sh runs; then name what the run holds, found by its label."""
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the run ended ({self.proc.returncode}):\n{self.text()}")
+            return bool(glob.glob(pattern))
+
+        wait_for(ready, timeout=DEADLINE * 3, what="the oracle's solve.sh to run")
+        label = {"label": f"{LABEL_OWNER}={self.owner}"}
+        made = self.rig.client.containers(filters=label)
+        self.info["containers"] = [c["Names"][0].lstrip("/") for c in made]
+        self.info["networks"] = [n["Name"] for n in self.rig.client.networks(filters=label)]
+        clients = [p for p in _carriers(self.owner) if p != self.info["pid"]]
+        assert self.info["containers"] and clients, (made, clients)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -198,6 +243,16 @@ class Run:
         for pid in self.info.get("background", []):
             assert f"process {pid}" in held
         assert f"dir {self.info['tmpdir']}" in held and f"dir {self.socket_dir}" in held
+
+
+def _tasks(here: Path) -> Path:
+    """A tasks directory with one task for the oracle."""
+    for name, text in TASK.items():
+        path = here / "tasks" / "t1" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+    return here / "tasks"
 
 
 def _carriers(owner: str) -> list[int]:
@@ -244,8 +299,9 @@ def lives(rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
 @pytest.fixture
 def live(request: pytest.FixtureRequest, lives, rig, tmp_path_factory) -> Iterator[Run]:
     runner = request.node.callspec.params["runner"]
+    runner = LIVE.get(runner, runner)
     if runner not in lives:
-        lives[runner] = Run(rig, runner, tmp_path_factory.mktemp("live") / f"{runner}.log")
+        lives[runner] = Run(rig, runner, tmp_path_factory.mktemp("live"))
     run = lives[runner]
     run.assert_whole()
     yield run
@@ -262,11 +318,12 @@ def _gone(run: Run, since: float, what: str) -> float:
 
 
 RUNNERS = pytest.mark.parametrize("runner", list(DRIVERS))
+ALL_RUNNERS = pytest.mark.parametrize("runner", list(VENVS))
 
 
-@RUNNERS
+@ALL_RUNNERS
 def test_a_sigkill_of_the_runner_without_an_agent(rig, live, runner, tmp_path):
-    run = Run(rig, runner, tmp_path / "run.log")
+    run = Run(rig, runner, tmp_path)
     run.assert_whole()
     at = time.monotonic()
     os.kill(run.info["pid"], signal.SIGKILL)
@@ -274,12 +331,12 @@ def test_a_sigkill_of_the_runner_without_an_agent(rig, live, runner, tmp_path):
     _gone(run, at, f"{runner}, runner SIGKILLed, no agent")
 
 
-@RUNNERS
+@ALL_RUNNERS
 def test_b_sigkill_of_the_wrapper_with_an_agent(rig, live, runner, tmp_path):
     agent = Agent(agent_argv("netlink", rig.host, rig.root), tmp_path / "agent.log")
     try:
         agent.wait_log("ready:")
-        run = Run(rig, runner, tmp_path / "run.log")
+        run = Run(rig, runner, tmp_path)
         run.assert_whole()
         # The agent holds the run (its uid learnt while the wrapper lives) before it dies.
         expect = (len(run.info.get("containers", [])), 2, len(run.info.get("background", [])))
@@ -304,7 +361,7 @@ def test_b_sigkill_of_the_wrapper_with_an_agent(rig, live, runner, tmp_path):
 
 @RUNNERS
 def test_c_sigterm_of_the_wrapper(rig, live, runner, tmp_path):
-    run = Run(rig, runner, tmp_path / "run.log")
+    run = Run(rig, runner, tmp_path)
     run.assert_whole()
     at = time.monotonic()
     run.proc.send_signal(signal.SIGTERM)
@@ -315,7 +372,7 @@ def test_c_sigterm_of_the_wrapper(rig, live, runner, tmp_path):
 
 @RUNNERS
 def test_d_a_normal_finish_passes_the_status_through(rig, live, runner, tmp_path):
-    run = Run(rig, runner, tmp_path / "run.log")
+    run = Run(rig, runner, tmp_path)
     run.assert_whole()
     at = time.monotonic()
     assert run.finish(7) == 7, run.text()

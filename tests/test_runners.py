@@ -135,6 +135,17 @@ VENVS = {
 LIVE = {"benchflow-cli": "benchflow"}
 
 
+_STARTED: list[Run] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left(lives) -> Iterator[None]:
+    yield
+    for run in [r for r in _STARTED if r not in lives.values()]:
+        run.close()
+        _STARTED.remove(run)
+
+
 @dataclass
 class Rig:
     host: str
@@ -188,6 +199,7 @@ class Run:
         if not line:
             self.proc.wait()
             raise AssertionError(f"{runner} did not start ({self.proc.returncode}):\n{self.text()}")
+        _STARTED.append(self)
         self.info = json.loads(line)
         self.owner: str = self.info["owner"]
         assert self.owner.split(":")[1] == str(self.proc.pid)  # the wrapper owns the run
@@ -213,6 +225,16 @@ class Run:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def close(self) -> None:
+        """End a run that a failed test left going: SIGTERM, and its wrapper cleans up."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=DEADLINE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
     def finish(self, code: int) -> int:
         self.proc.stdin.write(f"{code}\n".encode())
@@ -291,9 +313,13 @@ def lives(rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     """(e) One live run per runner, beside every case; finished normally at the end."""
     made: dict[str, Run] = {}
     yield made
-    for run in made.values():
-        assert run.finish(0) == 0, run.text()
-        assert _left(run) == []
+    try:
+        for run in made.values():
+            assert run.finish(0) == 0, run.text()
+            assert _left(run) == []
+    finally:
+        for run in made.values():
+            run.close()
 
 
 @pytest.fixture

@@ -22,12 +22,12 @@ from pathlib import Path
 import docker
 import psutil
 
-from bench import idle, latency, report, scale, storm
+from bench import idle, latency, report, scale, storm, wrapper
 from bench.engine import Engine
 from bench.procs import end_owners, spawn_owners
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("latency", "storm", "idle", "scale")
+SECTIONS = ("latency", "storm", "idle", "scale", "wrapper")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class Sizes:
     """Containers of the one owner reaped in bulk (and of the baseline's owner)."""
     workdirs: int = 100_000
     """Marked dirs for the workdir reconcile."""
+    wrapper_trials: int = 100
+    """create+start pairs through `exitwatch run`'s socket and directly."""
+    wrapper_stream_mb: int = 256
+    """Size of the stream read through the run's socket and directly, MiB."""
 
 
 SMOKE = Sizes(
@@ -65,6 +69,8 @@ SMOKE = Sizes(
     reconcile_containers=20,
     bulk_containers=10,
     workdirs=200,
+    wrapper_trials=3,
+    wrapper_stream_mb=16,
 )
 
 
@@ -183,11 +189,16 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
             finally:
                 end_owners(owners)
                 engine.clean()
+        if "wrapper" in only:
+            section(
+                "wrapper",
+                lambda: wrapper.run(engine, sizes.wrapper_trials, sizes.wrapper_stream_mb << 20),
+            )
     finally:
         engine.close()
         shutil.rmtree(work, ignore_errors=True)
     results["duration_s"] = round(time.monotonic() - begun, 1)
-    results["targets"] = report.targets(results)
+    results["targets"] = report.targets(results) + wrapper.targets(sections.get("wrapper"))
     return results
 
 

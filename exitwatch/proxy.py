@@ -14,10 +14,12 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import re
+import select
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import h11
@@ -31,7 +33,7 @@ CHUNK = 64 * 1024  # bytes per read; a connection's buffers stay small with 64 c
 MAX_HEAD = 1024 * 1024  # X-Registry-Auth and X-Registry-Config headers can be large
 MAX_BODY = 64 * 1024 * 1024  # for the bodies read whole: creations and exec starts
 BACKLOG = 128
-THREAD_STACK = 512 * 1024
+IDLE_EXIT = 10.0  # seconds a spare worker thread waits for a connection before it ends
 
 _API = rb"(?:/v[0-9]+(?:\.[0-9]+)*)?"
 _CREATE = re.compile(_API + rb"/(?:containers|networks|volumes)/create(?:\?.*)?")
@@ -83,6 +85,45 @@ def label(body: bytes, owner: str) -> bytes:
     return json.dumps(doc).encode()
 
 
+class _Workers:
+    """Daemon threads, each reused once its task is done: a connection costs two of them,
+    and starting two threads would cost more than the proxying itself. They are never
+    more than the peak of tasks at once, and a spare one ends after IDLE_EXIT seconds."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, task: Callable[..., None], *args: object) -> None:
+        with self._lock:
+            spawn = not self._idle
+            if not spawn:
+                self._idle -= 1  # that one takes it
+        self._tasks.put((task, args))
+        if spawn:
+            threading.Thread(target=self._work, name="exitwatch-proxy", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                task, args = self._tasks.get(timeout=IDLE_EXIT)
+            except queue.Empty:
+                with self._lock:
+                    # idle counts the waiting workers less the queued tasks: while it is 0,
+                    # a task may be on its way to this one.
+                    if self._idle:
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                task(*args)
+            except Exception:  # a bug of ours: the connection is lost, the proxy is not
+                log.exception("proxy connection")
+            with self._lock:
+                self._idle += 1
+
+
 class Proxy:
     """Serves `listener` (a bound, listening unix socket) until stop(), forwarding to the
     engine socket `engine` and labelling creations with `owner`."""
@@ -93,9 +134,9 @@ class Proxy:
         self._stopping = False
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
+        self._workers = _Workers()
 
     def start(self) -> None:
-        threading.stack_size(THREAD_STACK)
         self._thread = threading.Thread(target=self._serve, name="exitwatch-proxy", daemon=True)
         self._thread.start()
 
@@ -120,9 +161,7 @@ class Proxy:
                 if self._stopping:
                     return
                 continue  # EMFILE and the like: the client sees its connection refused
-            threading.Thread(
-                target=self._connection, args=(client,), name="exitwatch-proxy-conn", daemon=True
-            ).start()
+            self._workers.submit(self._connection, client)
 
     def _connection(self, client: socket.socket) -> None:
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -136,10 +175,8 @@ class Proxy:
             return
         with self._lock:
             self._open.update((client, upstream))
-        back = threading.Thread(
-            target=_pump, args=(upstream, client), name="exitwatch-proxy-back", daemon=True
-        )
-        back.start()
+        back = threading.Event()
+        self._workers.submit(_pump, upstream, client, b"", back)
         try:
             _Requests(client, upstream, self._owner).forward()
         except (OSError, h11.ProtocolError) as err:
@@ -147,28 +184,53 @@ class Proxy:
             for s in (client, upstream):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-        back.join()
+        back.wait()
         with self._lock:
             self._open.difference_update((client, upstream))
         client.close()
         upstream.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket, first: bytes = b"") -> None:
+def _pump(
+    src: socket.socket, dst: socket.socket, first: bytes = b"", done: threading.Event | None = None
+) -> None:
     """Copy `src` to `dst` until `src` ends, then end `dst`'s sending half (half-close: a
-    `docker exec -i` client ends its stdin so). On an error, cut both ends."""
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
+    `docker exec -i` client ends its stdin so). On an error, cut both ends. Sets `done`."""
     try:
         if first:
             dst.sendall(first)
-        while n := src.recv_into(buf):
-            dst.sendall(view[:n])
+        _copy(src, dst, None)
         dst.shutdown(socket.SHUT_WR)
     except OSError:
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+    finally:
+        if done is not None:
+            done.set()
+
+
+def _copy(src: socket.socket, dst: socket.socket, limit: int | None) -> int:
+    """Copy `limit` bytes (None: until the end) from `src` to `dst`; how many were copied.
+
+    The bytes go through a pipe with splice(2): they never enter this process, which holds
+    no buffer for a connection however long it lasts or however fast it streams.
+    """
+    r, w = os.pipe()
+    done = 0
+    try:
+        while limit is None or done < limit:
+            want = CHUNK if limit is None else min(CHUNK, limit - done)
+            n = os.splice(src.fileno(), w, want, flags=os.SPLICE_F_MOVE)
+            if not n:
+                break
+            done += n
+            while n:
+                n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
+    finally:
+        os.close(r)
+        os.close(w)
+    return done
 
 
 class _Requests:
@@ -222,9 +284,17 @@ class _Requests:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
+            self._readable()
             data = self.client.recv(CHUNK)
             raw += data
             conn.receive_data(data)
+
+    def _readable(self) -> None:
+        """Wait until the client has sent something: recv() allocates its whole buffer
+        before it blocks, and 64 idle keep-alive connections would each hold one."""
+        poll = select.poll()
+        poll.register(self.client, select.POLLIN)
+        poll.poll()
 
     def _whole_body(self, conn: h11.Connection) -> bytes:
         body = bytearray()
@@ -260,14 +330,8 @@ class _Requests:
         self.upstream.sendall(head + rest[:length])
         self.pending = rest[length:]
         left = length - min(length, len(rest))
-        buf = bytearray(min(CHUNK, max(left, 1)))
-        view = memoryview(buf)
-        while left:
-            n = self.client.recv_into(view[: min(left, len(buf))])
-            if not n:
-                raise ConnectionResetError("the client closed the connection inside a body")
-            self.upstream.sendall(view[:n])
-            left -= n
+        if left and _copy(self.client, self.upstream, left) < left:
+            raise ConnectionResetError("the client closed the connection inside a body")
 
 
 def _detached(body: bytes) -> bool:

@@ -17,7 +17,7 @@ ENGINE_SH = ROOT / "tests" / "engine.sh"
 
 pytestmark = pytest.mark.engine
 
-SECTIONS = {"latency", "storm", "idle", "scale"}
+SECTIONS = {"latency", "storm", "idle", "scale", "wrapper"}
 DIST = {"n", "p50", "p95", "p99", "max", "mean"}
 
 
@@ -96,6 +96,9 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
     scale = results["sections"]["scale"]
     assert scale["reconcile"]["ratio"] > 0 and scale["workdirs"]["ratio"] > 0
     assert scale["bulk"]["ours_s"] is not None and scale["bulk"]["baseline_s"] is not None
+    run = results["sections"]["wrapper"]
+    assert run["client_failures"] == 0 and run["wrapper_exit"] == 0 and run["wrapper_rss_mb"] > 0
+    assert run["stream"]["ratio"] > 0
 
     for t in results["targets"]:
         assert set(t) == {"section", "target", "value", "met"}

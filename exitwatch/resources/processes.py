@@ -12,9 +12,9 @@ environment can change (a fork copies it whole), so a process seen between its f
 an exec that adds the variable is read again. Idle, a rescan costs one /proc listing and
 one read of /proc/PID/stat per process: measured 2.2 ms of wall time and 1.6 ms of CPU
 for 86 processes on a loaded 2-core machine, ~25 us each, so 0.2 % of a core at one
-rescan a second (1 % for 400 processes). A run whose leftovers
-appear after its death is still found at the next rescan: its owner is dead, so they go
-at once.
+rescan a second (1 % for 400 processes). A run whose leftovers appear after its death is
+still found at the next rescan: its owner is dead, so they go at once. Only the host's pid
+namespace is looked at: a container's processes are the container kind's.
 
 The run's uid: a leftover may die only if all of its uids are the run's, so that a
 process that inherited the variable through sudo or a setuid program, or one of another
@@ -24,7 +24,8 @@ wrapper is dead by the time anything is removed, so its uid is learnt while it l
 when the first process carrying its owner is seen. If it was never seen alive (the agent
 started after the run died, or the run lived less than one rescan) the uid is unknown
 and its processes are refused, audited, rather than guessed from the processes
-themselves: any of them could be one that changed uid.
+themselves: any of them could be one that changed uid. Never killed either: pid 1, kernel
+threads, the agent and its descendants (a hook it runs may carry the variable).
 
 SIGKILL, straight away: the run was already SIGKILLed (its command by the parent-death
 signal), and its containers are removed by force at the same moment; a leftover's own
@@ -50,6 +51,7 @@ import threading
 import psutil
 
 from exitwatch import procfs
+from exitwatch.contract import ENV_OWNER
 from exitwatch.owner import Owner, OwnerError, current_boot_id, death
 from exitwatch.resources.base import (
     Found,
@@ -64,7 +66,7 @@ from exitwatch.resources.base import (
 log = logging.getLogger(__name__)
 
 KIND = "process"
-VARIABLE = "EXITWATCH_OWNER"
+VARIABLE = ENV_OWNER
 RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching thread
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
 STOP_DEADLINE = 1.0

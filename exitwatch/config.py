@@ -30,6 +30,9 @@ class Config:
     """Directories under which marked workdirs are looked for."""
     workdir_depth: int = 3
     """How many levels below a root a workdir may be."""
+    kill_leftovers: bool = True
+    """Kill a dead `exitwatch run`'s leftover processes (EXITWATCH_OWNER and EXITWATCH_RUN
+    in their environment)."""
     docker_host: str | None = None
     """Docker engine URL; None means DOCKER_HOST or the default socket."""
     reap_workers: int = 16

@@ -37,7 +37,8 @@ def make_kinds(config: Config) -> list[ResourceKind]:
             "docker_host: expected a local engine's unix:// socket (owners are processes of "
             f"this host), got {containers.host!r}"
         )
-    return [containers, Workdirs(config.workdir_roots, config.workdir_depth), Processes()]
+    kinds = [containers, Workdirs(config.workdir_roots, config.workdir_depth)]
+    return [*kinds, Processes()] if config.kill_leftovers else kinds
 
 
 class Service:

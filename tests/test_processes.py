@@ -1,5 +1,5 @@
 """The process kind: a dead run's leftover processes, those whose environment carries
-EXITWATCH_OWNER=<the dead owner>, are killed; nobody else's are.
+EXITWATCH_OWNER and EXITWATCH_RUN naming the dead owner, are killed; nobody else's are.
 
 A fake run is a real process standing for `exitwatch run`'s wrapper (the owner), whose
 child calls setsid, carries the variable and survives the owner's SIGKILL, as a runner's
@@ -20,9 +20,17 @@ import test_workdirs
 from test_workdirs import as_user
 
 from exitwatch import procfs
+from exitwatch.config import Config
 from exitwatch.owner import Owner, owner_of
 from exitwatch.resources.base import Resource
-from exitwatch.resources.processes import KIND, PF_KTHREAD, VARIABLE, Processes
+from exitwatch.resources.processes import (
+    KIND,
+    PF_KTHREAD,
+    RUN_VARIABLE,
+    VARIABLE,
+    Processes,
+)
+from exitwatch.service import make_kinds
 
 from agentproc import Agent, running
 from procs import wait_for
@@ -32,9 +40,11 @@ attacker = test_workdirs.attacker  # here: the user whose run it is
 # The wrapper: reads its owner string, starts a leftover in a session of its own that
 # tells its pid, then stays (exec keeps the pid and start time, so the owner stays valid).
 _RUN = (
-    "read owner; EXITWATCH_OWNER=\"$owner\" setsid sh -c 'echo $$; exec sleep 1000000' "
-    "</dev/null 2>/dev/null & exec sleep 1000000"
+    'read owner; EXITWATCH_OWNER="$owner" EXITWATCH_RUN="$owner" '
+    "setsid sh -c 'echo $$; exec sleep 1000000' </dev/null 2>/dev/null & exec sleep 1000000"
 )
+# A shell that ran `eval "$(exitwatch labels --format env)"`: the owner alone, no run.
+_SHELL = _RUN.replace('EXITWATCH_RUN="$owner" ', "")
 DEADLINE = 30.0  # for a correct agent on a loaded machine, not a measure of its speed
 
 
@@ -60,12 +70,12 @@ class Proc:
 class FakeRun:
     """A live run of `user` (root when None) with one leftover-to-be."""
 
-    def __init__(self, user=None) -> None:
+    def __init__(self, user=None, script: str = _RUN) -> None:
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
         if user is None:
-            self.proc = subprocess.Popen(["/bin/sh", "-c", _RUN], **pipes)
+            self.proc = subprocess.Popen(["/bin/sh", "-c", script], **pipes)
         else:
-            self.proc = as_user(user, _RUN, **pipes)
+            self.proc = as_user(user, script, **pipes)
         self.owner: Owner = owner_of(self.proc.pid)
         self.proc.stdin.write(f"{self.owner}\n".encode())
         self.proc.stdin.close()
@@ -76,7 +86,7 @@ class FakeRun:
     def carrier(self, user=None) -> Proc:
         """Another process carrying this run's owner, not a descendant of it: started by
         `user` who set the variable by hand, or by root (as through `sudo -E`)."""
-        env = os.environ | {VARIABLE: str(self.owner)}
+        env = os.environ | {VARIABLE: str(self.owner), RUN_VARIABLE: str(self.owner)}
         argv = ["sleep", "1000000"]
         if user is not None:
             argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}"]
@@ -161,6 +171,28 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
         _holding(agent, live, 1)
         shown = [r for r in agent.status()["reaps"] if r["kind"] == KIND and r["ok"]]
         assert {r["what"].split()[1] for r in shown} >= {str(dead.leftover.pid), str(late.pid)}
+
+
+def test_a_shell_that_exported_only_the_owner_leaves_its_jobs_alive(
+    engine, workroot, tmp_path, attacker, runs
+):
+    with running(engine, workroot, tmp_path / "agent.log") as agent:
+        shell, run = FakeRun(attacker, _SHELL), FakeRun(attacker)
+        runs += [shell, run]
+        _holding(agent, run, 1)
+        shell.kill()
+        run.kill()
+        # Both died together: once the run's leftover is killed, the shell's job has been
+        # judged too, and it lives.
+        wait_for(run.leftover.ended, timeout=DEADLINE, what="the run's leftover killed")
+        assert _recorded(agent, run.leftover)["ok"]
+        assert not shell.leftover.ended()
+        assert not [r for r in _audit(agent) if r["owner"] == str(shell.owner)]
+
+
+def test_kill_leftovers_false_has_no_process_kind():
+    assert any(isinstance(k, Processes) for k in make_kinds(Config()))
+    assert not any(isinstance(k, Processes) for k in make_kinds(Config(kill_leftovers=False)))
 
 
 def test_anothers_process_carrying_a_root_runs_owner_is_left(
@@ -260,7 +292,7 @@ def _take_pid(pid: int, argv: list[str], env: dict[str, str]) -> subprocess.Pope
 def test_a_reused_pid_is_not_killed(attacker):
     wrapper = subprocess.Popen(_as(attacker, "sleep", "1000000"))
     owner = owner_of(wrapper.pid)
-    env = os.environ | {VARIABLE: str(owner)}
+    env = os.environ | {VARIABLE: str(owner), RUN_VARIABLE: str(owner)}
     # The leftover is this test's own child, so that its pid is freed once it is reaped.
     leftover = subprocess.Popen(_as(attacker, "sleep", "1000000"), env=env)
     wait_for(lambda: procfs.read_stat(leftover.pid).comm == "sleep", what="the exec")

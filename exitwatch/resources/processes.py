@@ -1,9 +1,15 @@
 """Processes: what an `exitwatch run` left running when its wrapper died.
 
-`exitwatch run` puts EXITWATCH_OWNER=<the wrapper's owner> into its command's environment,
-and every descendant inherits it, those that called setsid included. When the wrapper is
-SIGKILLed its command dies with it (parent-death signal), but a descendant in a session of
-its own lives on: the agent ends those whose environment carries the dead owner.
+`exitwatch run` puts EXITWATCH_OWNER=<the wrapper's owner> and EXITWATCH_RUN=<the same>
+into its command's environment, and every descendant inherits them, those that called
+setsid included. When the wrapper is SIGKILLed its command dies with it (parent-death
+signal), but a descendant in a session of its own lives on: the agent ends those whose
+environment carries the dead owner in both.
+
+EXITWATCH_OWNER alone is not enough: `exitwatch labels --format env` exports it into
+ordinary shells so that compose files can label with it, and what such a shell started
+(nohup jobs, tmux, daemons) must outlive it. Only the wrapper sets EXITWATCH_RUN; a
+process that sets it by hand can only have its own uid's processes killed (see below).
 
 Discovery: nothing announces a fork to the agent (its sources follow exits only), so a
 thread lists /proc every RESCAN_INTERVAL. Each process's environment is read once per
@@ -67,6 +73,7 @@ log = logging.getLogger(__name__)
 
 KIND = "process"
 VARIABLE = ENV_OWNER
+RUN_VARIABLE = "EXITWATCH_RUN"  # set beside VARIABLE by `exitwatch run` only
 RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching thread
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
 STOP_DEADLINE = 1.0
@@ -133,11 +140,12 @@ class _Seen:
         if stat.flags & PF_KTHREAD or stat.state in ("Z", "X") or stat.pid == self.self_pid:
             return None
         try:
-            value = psutil.Process(stat.pid).environ().get(VARIABLE)
+            environ = psutil.Process(stat.pid).environ()
         except psutil.Error:
             return None  # gone, or a zombie by now
-        if value is None:
-            return None
+        value = environ.get(VARIABLE)
+        if value is None or environ.get(RUN_VARIABLE) != value:
+            return None  # no run's: a shell that exported the owner for compose, say
         try:
             owner = Owner.parse(value)
         except OwnerError as err:
@@ -150,7 +158,11 @@ class _Seen:
 
     def _learn(self, owner: Owner) -> None:
         """Record the uid of a live run's wrapper. Its pid is pinned by a pidfd while its
-        /proc entries are read, so the uid read is the wrapper's, not a successor's."""
+        /proc entries are read, so the uid read is the wrapper's, not a successor's.
+
+        Any live process named by a carrier of both variables passes for a wrapper: those
+        are a run's descendants, or processes that set EXITWATCH_RUN by hand, and the
+        latter can only name an owner of their own uid to have themselves killed."""
         if owner.boot_id != current_boot_id():
             return
         try:
@@ -289,8 +301,11 @@ class Processes(ResourceKind):
         if _pid_namespace(pid) != self._seen.pid_ns:
             raise _Refused("it is in another pid namespace")
         proc = psutil.Process(pid)
-        if proc.environ().get(VARIABLE) != str(owner):
-            raise _Refused(f"its environment no longer carries {VARIABLE}={owner}")
+        environ = proc.environ()
+        if environ.get(VARIABLE) != str(owner) or environ.get(RUN_VARIABLE) != str(owner):
+            raise _Refused(
+                f"its environment no longer carries {VARIABLE} and {RUN_VARIABLE}={owner}"
+            )
         if uid is None:
             raise _Refused(
                 "the run's uid is unknown (its wrapper was never seen alive), so whose "

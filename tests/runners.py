@@ -59,13 +59,15 @@ def _purge_dead() -> None:
     """The engines and bridges of sessions that died without tearing theirs down."""
     boot = current_boot_id()
     for d in BASE.iterdir() if BASE.is_dir() else ():
-        with contextlib.suppress(ValueError):
+        try:
             prefix, pid, start = d.name.split("-")
-            if prefix == boot[:8] and death(Owner(boot, int(pid), int(start))) is None:
-                continue
+            session = Owner(boot, int(pid), int(start))
+        except ValueError:
+            continue  # not a session's: whose it is cannot be told, so it is left
+        if prefix == boot[:8] and death(session) is None:
+            continue
         subprocess.run([str(ENGINE_SH), "purge", str(d)], capture_output=True, check=False)
-        with contextlib.suppress(ValueError):
-            subprocess.run(["ip", "link", "del", f"{BRIDGE_PREFIX}{int(pid)}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{BRIDGE_PREFIX}{pid}"], capture_output=True)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import io
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -25,7 +26,9 @@ from tools import CACHE
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
 
 ENGINE_SH = Path(__file__).with_name("engine.sh")
-BASE = Path("/tmp/exitwatch-runners")  # short: containerd's socket paths live below it
+# Under /run, which only root writes: in /tmp a user could plant a symlink here for the
+# purge (root's rm -rf) to follow. Short: containerd's socket paths live below it.
+BASE = Path("/run/exitwatch-runners")
 PYTHON_IMAGE = "python:3.11-slim"
 PYTHON = "/usr/bin/python3.11"
 BASH = "/bin/bash"
@@ -82,7 +85,11 @@ def bridge_engine() -> Iterator[BridgeEngine]:
     try:
         _sh("ip", "addr", "add", f"{_free_subnet()}.1/24", "dev", bridge)
         _sh("ip", "link", "set", bridge, "up")
-        d.mkdir(parents=True, exist_ok=True)
+        BASE.mkdir(mode=0o700, exist_ok=True)
+        base = os.lstat(BASE)
+        if not stat.S_ISDIR(base.st_mode) or base.st_uid != 0:
+            raise AssertionError(f"{BASE}: not a directory of root's; refusing to use it")
+        d.mkdir(exist_ok=True)
         env = os.environ | {"EXITWATCH_TEST_BRIDGE": bridge}
         host = _sh(str(ENGINE_SH), "start", str(d), str(d / "docker.sock"), env=env).strip()
         try:

@@ -91,8 +91,9 @@ def bridge_engine() -> Iterator[BridgeEngine]:
             raise AssertionError(f"{BASE}: not a directory of root's; refusing to use it")
         d.mkdir(exist_ok=True)
         env = os.environ | {"EXITWATCH_TEST_BRIDGE": bridge}
-        host = _sh(str(ENGINE_SH), "start", str(d), str(d / "docker.sock"), env=env).strip()
-        try:
+        try:  # a start that fails half-way leaves a dockerd: purged here, not next session
+            host = _sh(str(ENGINE_SH), "start", str(d), str(d / "docker.sock"), env=env)
+            host = host.strip()
             python_image(host)
             yield BridgeEngine(d, host, bridge)
         finally:

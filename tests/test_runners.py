@@ -16,6 +16,7 @@ wrapper, (d) a normal finish. The figures measured are printed (pytest -s shows 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -227,7 +228,9 @@ class Run:
         return self.log.read_text(errors="replace")
 
     def close(self) -> None:
-        """End a run that a failed test left going: SIGTERM, and its wrapper cleans up."""
+        """End a run that a failed test left going: SIGTERM, and its wrapper cleans up.
+        What it could not (a wrapper SIGKILLed in case (b), with the agent failing) is
+        killed here: the processes carrying the run's owner."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -235,6 +238,9 @@ class Run:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for pid in _carriers(self.owner):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
 
     def finish(self, code: int) -> int:
         self.proc.stdin.write(f"{code}\n".encode())

@@ -77,6 +77,15 @@ def thread_ids(pid: int, proc: str = PROC) -> list[int]:
         raise ProcessLookupError(pid) from err
 
 
+def namespace(pid: int | str, name: str, proc: str = PROC) -> int | None:
+    """The inode of PID's namespace `name` ("pid", ...), which identifies it; None when the
+    process is gone or the kernel has no such namespace."""
+    try:
+        return os.stat(f"{proc}/{pid}/ns/{name}").st_ino
+    except OSError:
+        return None
+
+
 def foreign_namespace(*names: str, proc: str = PROC) -> str | None:
     """The first of `names` ("pid", "user", "time") in which this process is not in the
     host's namespace, or None. A kernel without a kind of namespace counts as the host's."""

@@ -88,10 +88,7 @@ class FakeRun:
         `user` who set the variable by hand, or by root (as through `sudo -E`)."""
         env = os.environ | {VARIABLE: str(self.owner), RUN_VARIABLE: str(self.owner)}
         argv = ["sleep", "1000000"]
-        if user is not None:
-            argv = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}"]
-            argv += ["--clear-groups", "sleep", "1000000"]
-        proc = subprocess.Popen(argv, env=env)
+        proc = subprocess.Popen(argv if user is None else _as(user, *argv), env=env)
         self.others.append(proc)
         return Proc(proc.pid)
 

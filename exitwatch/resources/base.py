@@ -11,10 +11,10 @@ from exitwatch.owner import Owner
 
 @dataclass(frozen=True)
 class Resource:
-    kind: str  # "container" | "workdir"
-    key: str  # container id, or workdir path
+    kind: str  # a ResourceKind's `kind`: "container", "workdir", "process", ...
+    key: str  # container id, workdir path, or "pid:starttime"
     owner: Owner
-    name: str = ""  # for people: container name, or the path again
+    name: str = ""  # for people: container name, the path again, "process PID (comm)"
     group: str | None = None  # compose project, where there is one
 
 

@@ -84,13 +84,6 @@ class _Refused(Exception):
     """A safety check leaves the process alone; the message says why."""
 
 
-def _pid_namespace(pid: int | str) -> int | None:
-    try:
-        return os.stat(f"{procfs.PROC}/{pid}/ns/pid").st_ino
-    except OSError:
-        return None
-
-
 class _Seen:
     """What is known of the processes on the host, and of the runs they belong to.
 
@@ -104,7 +97,7 @@ class _Seen:
         self.procs: dict[int, tuple[tuple, Resource | None]] = {}
         self.uids: dict[Owner, int] = {}  # a run's uid, learnt while its wrapper lived
         self.self_pid = os.getpid()
-        self.pid_ns = _pid_namespace("self")
+        self.pid_ns = procfs.namespace("self", "pid")
 
     def rescan(self) -> dict[str, Resource]:
         """Every process carrying a well-formed owner now, by key."""
@@ -151,7 +144,7 @@ class _Seen:
         except OwnerError as err:
             log.debug("process %d: %s=%r: %s; ignored", stat.pid, VARIABLE, value, err)
             return None
-        if _pid_namespace(stat.pid) != self.pid_ns:
+        if procfs.namespace(stat.pid, "pid") != self.pid_ns:
             return None  # a container's: the container kind answers for it
         key = f"{stat.pid}:{stat.starttime}"
         return Resource(KIND, key, owner, name=f"process {stat.pid} ({stat.comm})")
@@ -298,7 +291,7 @@ class Processes(ResourceKind):
             raise ProcessLookupError(pid)
         if pid in (1, self._seen.self_pid) or stat.flags & PF_KTHREAD:
             raise _Refused("it is pid 1, a kernel thread or the agent itself")
-        if _pid_namespace(pid) != self._seen.pid_ns:
+        if procfs.namespace(pid, "pid") != self._seen.pid_ns:
             raise _Refused("it is in another pid namespace")
         proc = psutil.Process(pid)
         environ = proc.environ()

@@ -274,6 +274,38 @@ def _as(user, *argv: str) -> list[str]:
     return ["setpriv", *ids, *argv]
 
 
+def _orphan(argv: list[str], env: dict[str, str], comm: str = "sleep") -> Proc:
+    """A process started through a shell that exits at once: no descendant of this test
+    (which plays the agent when it drives the kind itself). Returned once it runs `comm`."""
+    script = '"$@" </dev/null >/dev/null 2>&1 & echo $!'
+    out = subprocess.run(["sh", "-c", script, "sh", *argv], env=env, capture_output=True)
+    proc = Proc(int(out.stdout))
+    wait_for(lambda: procfs.read_stat(proc.pid).comm == comm, what=f"{comm} to run")
+    return proc
+
+
+def _carrying(owner: Owner) -> dict[str, str]:
+    return os.environ | {VARIABLE: str(owner), RUN_VARIABLE: str(owner)}
+
+
+def test_a_runs_leftovers_are_killed_together(attacker, runs):
+    run = FakeRun(attacker)
+    runs.append(run)
+    kind = Processes()
+    kind.scan()  # learns the run's uid
+    more = [_orphan(_as(attacker, "sleep", "1000000"), _carrying(run.owner)) for _ in range(3)]
+    run.kill()
+    try:
+        found = [r for r in kind.scan().resources if r.owner == run.owner]
+        assert len(found) == 4
+        outcomes = kind.remove(run.owner, found, dry_run=False)
+        assert [o.detail for o in outcomes] == ["killed (SIGKILL)"] * 4
+        assert all(p.ended() for p in [run.leftover, *more])
+    finally:
+        for proc in more:
+            proc.kill()
+
+
 def _take_pid(pid: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen | None:
     """A new process at `pid` (reused through ns_last_pid), or None if another fork won."""
     with open("/proc/sys/kernel/ns_last_pid", "w") as f:

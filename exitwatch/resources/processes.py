@@ -53,6 +53,7 @@ import os
 import select
 import signal
 import threading
+import time
 
 import psutil
 
@@ -244,44 +245,69 @@ class Processes(ResourceKind):
             why = f"its owner {owner} is alive"
             return [Outcome(r.name, KIND, ok=False, detail=why, refused=True) for r in resources]
         uid = self._seen.uid(owner)
-        return [self._kill(owner, uid, res, dry_run) for res in resources]
+        # Every SIGKILL is sent first, then all are waited for at once: a run's leftovers
+        # die together, in one EXIT_WAIT at most rather than one each.
+        outcomes: list[Outcome | None] = []
+        sent: list[tuple[int, Resource, int]] = []  # (index in outcomes, resource, pidfd)
+        try:
+            for res in resources:
+                outcome, pidfd = self._kill(owner, uid, res, dry_run)
+                if pidfd is not None:
+                    sent.append((len(outcomes), res, pidfd))
+                outcomes.append(outcome)
+            deadline = time.monotonic() + EXIT_WAIT
+            for index, res, pidfd in sent:
+                if _exited(pidfd, max(0.0, deadline - time.monotonic())):
+                    outcomes[index] = Outcome(res.name, KIND, ok=True, detail="killed (SIGKILL)")
+                else:
+                    why = f"SIGKILL sent, still running after {EXIT_WAIT:g} s"
+                    outcomes[index] = Outcome(res.name, KIND, ok=False, detail=why)
+        finally:
+            for _, _, pidfd in sent:
+                os.close(pidfd)
+        return [o for o in outcomes if o is not None]
 
-    def _kill(self, owner: Owner, uid: int | None, res: Resource, dry_run: bool) -> Outcome:
+    def _kill(
+        self, owner: Owner, uid: int | None, res: Resource, dry_run: bool
+    ) -> tuple[Outcome | None, int | None]:
+        """Check the process and SIGKILL it: (None, its pidfd, open) once the signal is
+        sent, for the caller to wait on; else (the outcome, None)."""
         pid, starttime = map(int, res.key.split(":"))
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
-            return Outcome(res.name, KIND, ok=True, detail="already gone")
+            return Outcome(res.name, KIND, ok=True, detail="already gone"), None
         except OSError as err:
-            return Outcome(res.name, KIND, ok=False, detail=f"failed: {err.strerror}")
+            return Outcome(res.name, KIND, ok=False, detail=f"failed: {err.strerror}"), None
         try:
             try:
                 self._check(owner, uid, pid, starttime)
             except _Refused as why:
                 log.warning("%s: refused to kill: %s", res.name, why)
-                return Outcome(res.name, KIND, ok=False, detail=str(why), refused=True)
+                outcome = Outcome(res.name, KIND, ok=False, detail=str(why), refused=True)
+                return outcome, None
             except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
-                return Outcome(res.name, KIND, ok=True, detail="already gone")
+                return Outcome(res.name, KIND, ok=True, detail="already gone"), None
             except psutil.Error as err:  # AccessDenied: not root, or a hardened /proc
-                return Outcome(res.name, KIND, ok=False, detail=f"failed: {err}")
+                return Outcome(res.name, KIND, ok=False, detail=f"failed: {err}"), None
             # Still running after the checks: every /proc read above was of this pidfd's
             # process, and the signal below can reach no other.
             if _exited(pidfd, 0):
-                return Outcome(res.name, KIND, ok=True, detail="already gone")
+                return Outcome(res.name, KIND, ok=True, detail="already gone"), None
             if dry_run:
-                return Outcome(res.name, KIND, ok=True, detail="would kill")
+                return Outcome(res.name, KIND, ok=True, detail="would kill"), None
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except ProcessLookupError:
-                return Outcome(res.name, KIND, ok=True, detail="already gone")
-            if not _exited(pidfd, EXIT_WAIT):
-                why = f"SIGKILL sent, still running after {EXIT_WAIT:g} s"
-                return Outcome(res.name, KIND, ok=False, detail=why)
-            return Outcome(res.name, KIND, ok=True, detail="killed (SIGKILL)")
+                return Outcome(res.name, KIND, ok=True, detail="already gone"), None
+            kept, pidfd = pidfd, None
+            return None, kept
         except OSError as err:
-            return Outcome(res.name, KIND, ok=False, detail=f"failed: {err.strerror or err}")
+            detail = f"failed: {err.strerror or err}"
+            return Outcome(res.name, KIND, ok=False, detail=detail), None
         finally:
-            os.close(pidfd)
+            if pidfd is not None:
+                os.close(pidfd)
 
     def _check(self, owner: Owner, uid: int | None, pid: int, starttime: int) -> None:
         """Raise _Refused unless the process may die for `owner`; ProcessLookupError (or

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import test_workdirs
 from test_workdirs import as_user
@@ -304,6 +305,67 @@ def test_a_runs_leftovers_are_killed_together(attacker, runs):
     finally:
         for proc in more:
             proc.kill()
+
+
+def _dead_run_known(user, runs: list[FakeRun]) -> tuple[Processes, FakeRun]:
+    """A kind that saw `user`'s run alive (so it knows the run's uid), and the run, dead."""
+    run = FakeRun(user)
+    runs.append(run)
+    kind = Processes()
+    kind.scan()
+    run.kill()
+    return kind, run
+
+
+def _judged(kind: Processes, owner: Owner, proc: Proc) -> str:
+    (outcome,) = kind.remove(owner, [_resource(owner, proc)], dry_run=False)
+    assert outcome.refused and not proc.ended(), outcome
+    return outcome.detail
+
+
+def test_the_agents_own_descendant_is_refused(attacker, runs):
+    kind, run = _dead_run_known(attacker, runs)
+    child = subprocess.Popen(_as(attacker, "sleep", "1000000"), env=_carrying(run.owner))
+    try:
+        wait_for(lambda: procfs.read_stat(child.pid).comm == "sleep", what="the exec")
+        detail = _judged(kind, run.owner, Proc(child.pid))
+        assert "the agent's own descendant" in detail
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_of_another_pid_namespace_is_refused(attacker, runs):
+    kind, run = _dead_run_known(attacker, runs)
+    argv = ["unshare", "--pid", "--fork", *_as(attacker, "sleep", "1000000")]
+    outer = _orphan(argv, _carrying(run.owner), comm="unshare")
+    try:
+
+        def inner() -> int | None:
+            kids = psutil.Process(outer.pid).children()
+            return kids[0].pid if kids and kids[0].name() == "sleep" else None
+
+        proc = Proc(wait_for(inner, what="the sleep in its own pid namespace"))
+        try:
+            assert _resource(run.owner, proc).key not in {r.key for r in kind.scan().resources}
+            assert "another pid namespace" in _judged(kind, run.owner, proc)
+        finally:
+            proc.kill()
+    finally:
+        outer.kill()
+
+
+def test_a_leftover_whose_uids_are_mixed_is_refused(attacker, runs):
+    kind, run = _dead_run_known(attacker, runs)
+    # Real uid the run's, effective and saved root: what a setuid-root program looks like.
+    argv = ["setpriv", f"--ruid={attacker.pw_uid}", "--euid=0", "sleep", "1000000"]
+    proc = _orphan(argv, _carrying(run.owner))
+    try:
+        assert tuple(psutil.Process(proc.pid).uids()) == (attacker.pw_uid, 0, 0)
+        detail = _judged(kind, run.owner, proc)
+        assert f"are not the run's uid {attacker.pw_uid}" in detail
+    finally:
+        proc.kill()
 
 
 def _take_pid(pid: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen | None:

@@ -161,7 +161,13 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
         assert f"are not the run's uid {attacker.pw_uid}" in refused["result"]
         assert not rooted.ended()
 
-        # A leftover that shows up after the run's death goes at the next rescan.
+        # A leftover that shows up after the run's death goes at the next rescan, even
+        # once a rescan found nothing carrying the run (its uid is kept a while).
+        rooted.kill()
+        wait_for(rooted.ended, timeout=DEADLINE, what="the root carrier gone")
+        probe = FakeRun(attacker)  # seen only by a rescan that came after the carrier
+        runs.append(probe)
+        _holding(agent, probe, 1)
         late = dead.carrier(attacker)
         wait_for(late.ended, timeout=DEADLINE, what="the late leftover killed")
 
@@ -169,6 +175,20 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
         _holding(agent, live, 1)
         shown = [r for r in agent.status()["reaps"] if r["kind"] == KIND and r["ok"]]
         assert {r["what"].split()[1] for r in shown} >= {str(dead.leftover.pid), str(late.pid)}
+
+
+def test_a_leftover_after_a_rescan_with_no_carrier_meets_the_runs_uid(attacker, runs):
+    kind, run = _dead_run_known(attacker, runs)
+    found = [r for r in kind.scan().resources if r.owner == run.owner]
+    assert [o.detail for o in kind.remove(run.owner, found, dry_run=False)] == ["killed (SIGKILL)"]
+    assert not [r for r in kind.scan().resources if r.owner == run.owner]
+    late = _orphan(_as(attacker, "sleep", "1000000"), _carrying(run.owner))
+    try:
+        found = [r for r in kind.scan().resources if r.owner == run.owner]
+        (outcome,) = kind.remove(run.owner, found, dry_run=False)
+        assert outcome.detail == "killed (SIGKILL)" and late.ended()
+    finally:
+        late.kill()
 
 
 def test_a_shell_that_exported_only_the_owner_leaves_its_jobs_alive(

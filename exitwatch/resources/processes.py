@@ -19,7 +19,8 @@ an exec that adds the variable is read again. Idle, a rescan costs one /proc lis
 one read of /proc/PID/stat per process: measured 2.2 ms of wall time and 1.6 ms of CPU
 for 86 processes on a loaded 2-core machine, ~25 us each, so 0.2 % of a core at one
 rescan a second (1 % for 400 processes). A run whose leftovers appear after its death is
-still found at the next rescan: its owner is dead, so they go at once. Only the host's pid
+still found at the next rescan: its owner is dead, so they go at once (its uid is kept
+UID_GRACE past its last carrier). Only the host's pid
 namespace is looked at: a container's processes are the container kind's.
 
 The run's uid: a leftover may die only if all of its uids are the run's, so that a
@@ -76,6 +77,7 @@ KIND = "process"
 VARIABLE = ENV_OWNER
 RUN_VARIABLE = "EXITWATCH_RUN"  # set beside VARIABLE by `exitwatch run` only
 RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching thread
+UID_GRACE = 60.0  # seconds a dead run's uid is kept once nothing carries its owner
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
 STOP_DEADLINE = 1.0
 PF_KTHREAD = 0x00200000
@@ -97,6 +99,7 @@ class _Seen:
         # pid -> ((starttime, env_area), the Resource or None when not a run's)
         self.procs: dict[int, tuple[tuple, Resource | None]] = {}
         self.uids: dict[Owner, int] = {}  # a run's uid, learnt while its wrapper lived
+        self.carried: dict[Owner, float] = {}  # when a process last carried the owner
         self.self_pid = os.getpid()
         self.pid_ns = procfs.namespace("self", "pid")
 
@@ -121,12 +124,17 @@ class _Seen:
         for res in found.values():
             if res.owner not in self.uids:
                 self._learn(res.owner)
+        now = time.monotonic()
         with self.lock:
             self.procs = fresh
-            owners = {res.owner for res in found.values()}
-            for owner in [o for o in self.uids if o not in owners]:
-                if death(owner) is not None:
-                    del self.uids[owner]  # nothing of it left to judge
+            for res in found.values():
+                self.carried[res.owner] = now
+            # A dead run's uid outlives its last carrier by UID_GRACE: a leftover may still
+            # appear (a fork under way, a descendant's exec), and must meet the same uid.
+            for owner, last in list(self.carried.items()):
+                if now - last > UID_GRACE and death(owner) is not None:
+                    del self.carried[owner]
+                    self.uids.pop(owner, None)
         return found
 
     def _read(self, stat: procfs.Stat) -> Resource | None:

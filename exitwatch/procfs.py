@@ -69,6 +69,28 @@ def read_stat(pid: int, proc: str = PROC, tid: int | None = None) -> Stat:
     return parse_stat(data)
 
 
+def identity(pid: int, proc: str = PROC) -> tuple[int, int, int]:
+    """(start time, environment start, environment end) of PID, from /proc/PID/stat: what
+    tells one exec of one process from any other. Made for a scan of every process, so it
+    reads raw bytes and parses nothing else (a third of read_stat's cost). The area is
+    (0, 0) to a reader without ptrace access and on kernels before 3.5.
+
+    Raises ProcessLookupError when the process is gone.
+    """
+    try:
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
+    except (FileNotFoundError, ProcessLookupError) as err:
+        raise ProcessLookupError(pid) from err
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    rest = data[data.rindex(b")") + 2 :].split()
+    if len(rest) > 48:
+        return int(rest[19]), int(rest[47]), int(rest[48])
+    return int(rest[19]), 0, 0
+
+
 def thread_ids(pid: int, proc: str = PROC) -> list[int]:
     """The ids of PID's live threads. Raises ProcessLookupError when the process is gone."""
     try:

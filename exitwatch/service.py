@@ -38,7 +38,9 @@ def make_kinds(config: Config) -> list[ResourceKind]:
             f"this host), got {containers.host!r}"
         )
     kinds = [containers, Workdirs(config.workdir_roots, config.workdir_depth)]
-    return [*kinds, Processes()] if config.kill_leftovers else kinds
+    if not config.kill_leftovers:
+        return kinds
+    return [*kinds, Processes(config.leftovers_interval)]
 
 
 class Service:

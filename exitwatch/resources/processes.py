@@ -12,15 +12,16 @@ ordinary shells so that compose files can label with it, and what such a shell s
 process that sets it by hand can only have its own uid's processes killed (see below).
 
 Discovery: nothing announces a fork to the agent (its sources follow exits only), so a
-thread lists /proc every RESCAN_INTERVAL. Each process's environment is read once per
+thread lists /proc every leftovers_interval (config). Each process's environment is read once per
 (pid, start time, environment area): the area moves at every exec, which is where an
 environment can change (a fork copies it whole), so a process seen between its fork and
 an exec that adds the variable is read again. Idle, a rescan costs one /proc listing and
-one read of /proc/PID/stat per process: measured 2.2 ms of wall time and 1.6 ms of CPU
-for 86 processes on a loaded 2-core machine, ~25 us each, so 0.2 % of a core at one
-rescan a second (1 % for 400 processes). A run whose leftovers appear after its death is
-still found at the next rescan: its owner is dead, so they go at once (its uid is kept
-UID_GRACE past its last carrier). Only the host's pid
+one raw read of /proc/PID/stat per process (procfs.identity), and a run's wrapper is
+looked at once, not per process nor per rescan: with 3,100 processes on the host, 33 ms
+of CPU per rescan (~10 us each; 69-84 ms, 22-27 us each, before these savings), i.e. 3 %
+of a core at the default interval (bench/rescan.py; README has the figures). A run whose
+leftovers appear after its death is still found at the next rescan: its owner is dead,
+so they go at once (its uid is kept UID_GRACE past its last carrier). Only the host's pid
 namespace is looked at: a container's processes are the container kind's.
 
 The run's uid: a leftover may die only if all of its uids are the run's, so that a
@@ -96,9 +97,10 @@ class _Seen:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        # pid -> ((starttime, env_area), the Resource or None when not a run's)
+        # pid -> (procfs.identity, the Resource or None when not a run's)
         self.procs: dict[int, tuple[tuple, Resource | None]] = {}
-        self.uids: dict[Owner, int] = {}  # a run's uid, learnt while its wrapper lived
+        # A run's uid, learnt while its wrapper lived; None: it could not be (not retried)
+        self.uids: dict[Owner, int | None] = {}
         self.carried: dict[Owner, float] = {}  # when a process last carried the owner
         self.self_pid = os.getpid()
         self.pid_ns = procfs.namespace("self", "pid")
@@ -111,19 +113,17 @@ class _Seen:
             old = self.procs
         for pid in psutil.pids():
             try:
-                stat = procfs.read_stat(pid)
-            except (ProcessLookupError, OSError):
+                sig = procfs.identity(pid)  # the one read most processes cost
+                entry = old.get(pid)
+                if entry is None or entry[0] != sig:
+                    entry = (sig, self._read(procfs.read_stat(pid)))
+            except OSError:  # ProcessLookupError included
                 continue  # it just left
-            sig = (stat.starttime, stat.env_area)
-            entry = old.get(pid)
-            if entry is None or entry[0] != sig:
-                entry = (sig, self._read(stat))
             fresh[pid] = entry
             if entry[1] is not None:
                 found[entry[1].key] = entry[1]
-        for res in found.values():
-            if res.owner not in self.uids:
-                self._learn(res.owner)
+        for owner in {res.owner for res in found.values()} - self.uids.keys():
+            self._learn(owner)
         now = time.monotonic()
         with self.lock:
             self.procs = fresh
@@ -141,6 +141,9 @@ class _Seen:
         """The Resource of a process that carries an owner, or None."""
         if stat.flags & PF_KTHREAD or stat.state in ("Z", "X") or stat.pid == self.self_pid:
             return None
+        # A container's is the container kind's; a stat costs less than the environment.
+        if procfs.namespace(stat.pid, "pid") != self.pid_ns:
+            return None
         try:
             environ = psutil.Process(stat.pid).environ()
         except psutil.Error:
@@ -153,41 +156,51 @@ class _Seen:
         except OwnerError as err:
             log.debug("process %d: %s=%r: %s; ignored", stat.pid, VARIABLE, value, err)
             return None
-        if procfs.namespace(stat.pid, "pid") != self.pid_ns:
-            return None  # a container's: the container kind answers for it
         key = f"{stat.pid}:{stat.starttime}"
         return Resource(KIND, key, owner, name=f"process {stat.pid} ({stat.comm})")
 
     def _learn(self, owner: Owner) -> None:
-        """Record the uid of a live run's wrapper. Its pid is pinned by a pidfd while its
-        /proc entries are read, so the uid read is the wrapper's, not a successor's.
+        """Record the uid of a live run's wrapper, or None when it cannot be had (dead,
+        never seen alive, setuid), which is not tried again: once per owner, not per
+        process nor per rescan. Only a failure to look at all is retried.
 
         Any live process named by a carrier of both variables passes for a wrapper: those
         are a run's descendants, or processes that set EXITWATCH_RUN by hand, and the
         latter can only name an owner of their own uid to have themselves killed."""
-        if owner.boot_id != current_boot_id():
-            return
         try:
-            pidfd = os.pidfd_open(owner.pid)
-        except OSError:
-            return  # dead: never seen alive, its uid stays unknown
-        try:
-            if procfs.read_stat(owner.pid).starttime != owner.starttime:
-                return
-            uids = psutil.Process(owner.pid).uids()
-            if _exited(pidfd, 0):
-                return
-        except (OSError, psutil.Error):
+            uid = _wrapper_uid(owner)
+        except OSError as err:
+            log.debug("the uid of run %s: %s; tried again at the next rescan", owner, err)
             return
-        finally:
-            os.close(pidfd)
-        if len(set(uids)) == 1:  # a setuid wrapper is not anyone's run
-            with self.lock:
-                self.uids[owner] = uids.real
+        with self.lock:
+            self.uids[owner] = uid
 
     def uid(self, owner: Owner) -> int | None:
         with self.lock:
             return self.uids.get(owner)
+
+
+def _wrapper_uid(owner: Owner) -> int | None:
+    """The uid of the live wrapper `owner`, or None when it is dead or setuid (not anyone's
+    run). Its pid is pinned by a pidfd while its /proc entries are read, so the uid read is
+    the wrapper's, not a successor's. OSError: it could not be looked at (e.g. EMFILE)."""
+    if owner.boot_id != current_boot_id():
+        return None
+    try:
+        pidfd = os.pidfd_open(owner.pid)
+    except ProcessLookupError:
+        return None  # dead: never seen alive, its uid stays unknown
+    try:
+        if procfs.read_stat(owner.pid).starttime != owner.starttime:
+            return None
+        uids = psutil.Process(owner.pid).uids()
+        if _exited(pidfd, 0):
+            return None
+    except (ProcessLookupError, psutil.Error):
+        return None
+    finally:
+        os.close(pidfd)
+    return uids.real if len(set(uids)) == 1 else None
 
 
 def _exited(pidfd: int, timeout: float) -> bool:

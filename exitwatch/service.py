@@ -104,7 +104,7 @@ class Service:
                 recorder.observe = metrics.observe
                 closers.append(metrics.close)
             server = StatusServer(
-                config.status_socket, lambda: _status(agent, kinds[0], recorder, info)
+                config.status_socket, lambda: _status(agent, kinds, recorder, info)
             )
             closers.append(server.close)
             self._agent = agent
@@ -131,15 +131,18 @@ class Service:
                 audit.close()
 
 
-def _status(agent: Agent, docker: ResourceKind, recorder: Recorder, info: dict) -> dict:
+def _status(agent: Agent, kinds: list[ResourceKind], recorder: Recorder, info: dict) -> dict:
     try:
         body = agent.ask(lambda: {"owners": agent.owners(), "pending": agent.pending()})
     except TimeoutError:
         body = {"owners": [], "pending": [], "busy": "the agent's loop did not answer in time"}
+    # the leftover-process rescans, when that kind is on (kill_leftovers)
+    rescans = [k.health() for k in kinds if k.kind == "process"]
     return {
         "schema": SCHEMA,
         "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
-        "docker": docker.health(),
+        "docker": kinds[0].health(),
+        **({"processes": rescans[0]} if rescans else {}),
         **body,
         "reaps": recorder.reaps(),
         "counters": agent.counters(),

@@ -134,6 +134,14 @@ def render(status: dict) -> str:
         health = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"
         extra = f", {docker['reconnects']} reconnects" if docker.get("reconnects") else ""
         out.append(f"  docker:   {docker.get('endpoint')}: {health}{extra}")
+    rescans = status.get("processes")
+    if rescans and rescans.get("failing"):
+        out.append(
+            f"  leftover processes: rescan FAILING ({rescans['failing']} times in a row: "
+            f"{rescans.get('last_error')})"
+        )
+    elif rescans:
+        out.append(f"  leftover processes: rescanned every {rescans['interval_s']:g} s")
     counters = status.get("counters")
     if counters:
         out.append(

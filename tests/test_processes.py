@@ -23,7 +23,7 @@ from test_workdirs import as_user
 from exitwatch import procfs
 from exitwatch.config import Config
 from exitwatch.owner import Owner, owner_of
-from exitwatch.resources.base import Resource
+from exitwatch.resources.base import Resource, Snapshot
 from exitwatch.resources.processes import (
     KIND,
     PF_KTHREAD,
@@ -173,6 +173,8 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
 
         assert not live.leftover.ended()
         _holding(agent, live, 1)
+        rescans = agent.status()["processes"]
+        assert rescans["rescans"] > 0 and rescans["failing"] == 0
         shown = [r for r in agent.status()["reaps"] if r["kind"] == KIND and r["ok"]]
         assert {r["what"].split()[1] for r in shown} >= {str(dead.leftover.pid), str(late.pid)}
 
@@ -206,6 +208,29 @@ def test_a_shell_that_exported_only_the_owner_leaves_its_jobs_alive(
         assert _recorded(agent, run.leftover)["ok"]
         assert not shell.leftover.ended()
         assert not [r for r in _audit(agent) if r["owner"] == str(shell.owner)]
+
+
+def test_a_failing_rescan_is_tried_again_and_shown_in_health(monkeypatch):
+    # Pure loop logic: the fault is injected, the rescan after it is the real one.
+    kind = Processes(interval=0.05)
+    real, calls = kind._seen.rescan, []
+
+    def flaky() -> dict:
+        calls.append(None)
+        if len(calls) <= 2:
+            raise OSError("injected")
+        return real()
+
+    monkeypatch.setattr(kind._seen, "rescan", flaky)
+    changes: list = []
+    kind.start(changes.append)
+    try:
+        wait_for(lambda: any(isinstance(c, Snapshot) for c in changes), what="a Snapshot")
+        health = kind.health()
+        assert health["failures"] == 2 and health["failing"] == 0
+        assert health["rescans"] >= 1 and "injected" in health["last_error"]
+    finally:
+        kind.stop()
 
 
 def test_kill_leftovers_false_has_no_process_kind():

@@ -81,6 +81,7 @@ RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching t
 UID_GRACE = 60.0  # seconds a dead run's uid is kept once nothing carries its owner
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
 STOP_DEADLINE = 1.0
+MAX_BACKOFF = 60.0  # the longest wait before another try of a failing rescan
 PF_KTHREAD = 0x00200000
 
 
@@ -218,6 +219,9 @@ class Processes(ResourceKind):
         self._seen = _Seen()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the counters below, read by status
+        self._rescans = self._failures = self._failing = 0
+        self._last_error: str | None = None
 
     # Discovery
 
@@ -236,19 +240,53 @@ class Processes(ResourceKind):
 
     def _follow(self, notify: Notify) -> None:
         # A Snapshot first, then only changes: a refused leftover is reported (and its
-        # refusal audited) once, not at every rescan.
-        try:
-            before = self._seen.rescan()
-            notify(Snapshot(KIND, tuple(before.values())))
-            while not self._stop.wait(self.interval):
+        # refusal audited) once, not at every rescan. A rescan that fails is tried again,
+        # later each time (up to MAX_BACKOFF), and shown in health(); the first of a run
+        # of failures is logged whole, the rest in a line each.
+        before: dict[str, Resource] | None = None
+        wait = 0.0
+        while not self._stop.wait(wait):
+            try:
                 now = self._seen.rescan()
-                for key in before.keys() - now.keys():
-                    notify(Gone(KIND, key))
-                for key in now.keys() - before.keys():
-                    notify(Found(now[key]))
+                if before is None:
+                    notify(Snapshot(KIND, tuple(now.values())))
+                else:
+                    for key in before.keys() - now.keys():
+                        notify(Gone(KIND, key))
+                    for key in now.keys() - before.keys():
+                        notify(Found(now[key]))
                 before = now
-        except Exception:
-            log.exception("process discovery failed; leftover processes are not followed")
+            except Exception as err:
+                with self._lock:
+                    self._failures += 1
+                    self._failing += 1
+                    self._last_error = f"{type(err).__name__}: {err}"
+                    failing = self._failing
+                wait = min(self.interval * 2**failing, MAX_BACKOFF)
+                if failing == 1:
+                    log.exception("leftover processes: a rescan failed; again in %.0f s", wait)
+                else:
+                    log.warning(
+                        "leftover processes: rescan failed %d times in a row: %s; again in %.0f s",
+                        failing,
+                        err,
+                        wait,
+                    )
+                continue
+            with self._lock:
+                self._rescans += 1
+                self._failing = 0
+            wait = self.interval
+
+    def health(self) -> dict:
+        with self._lock:
+            return {
+                "interval_s": self.interval,
+                "rescans": self._rescans,
+                "failures": self._failures,
+                "failing": self._failing,  # failures in a row now; 0: it works
+                "last_error": self._last_error,
+            }
 
     def stop(self) -> None:
         if self._thread is None:

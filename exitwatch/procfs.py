@@ -85,7 +85,10 @@ def identity(pid: int, proc: str = PROC) -> tuple[int, int, int]:
         data = os.read(fd, 4096)
     finally:
         os.close(fd)
-    rest = data[data.rindex(b")") + 2 :].split()
+    end = data.rfind(b")")
+    if end < 0:  # nothing read: the task went away meanwhile
+        raise ProcessLookupError(pid)
+    rest = data[end + 2 :].split()
     if len(rest) > 48:
         return int(rest[19]), int(rest[47]), int(rest[48])
     return int(rest[19]), 0, 0

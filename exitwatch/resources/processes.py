@@ -123,7 +123,9 @@ class _Seen:
             fresh[pid] = entry
             if entry[1] is not None:
                 found[entry[1].key] = entry[1]
-        for owner in {res.owner for res in found.values()} - self.uids.keys():
+        with self.lock:  # scan() may rescan on another thread meanwhile
+            unknown = {res.owner for res in found.values()} - self.uids.keys()
+        for owner in unknown:
             self._learn(owner)
         now = time.monotonic()
         with self.lock:

@@ -11,7 +11,7 @@ DEBIAN_PY := /usr/bin/python3
 APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-hypothesis \
-	clang libbpf-dev gcc util-linux forkstat curl prometheus
+	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2
 
 .PHONY: all deps apt venv test lint run clean
 

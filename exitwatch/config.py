@@ -30,6 +30,11 @@ class Config:
     """Directories under which marked workdirs are looked for."""
     workdir_depth: int = 3
     """How many levels below a root a workdir may be."""
+    kill_leftovers: bool = True
+    """Kill a dead `exitwatch run`'s leftover processes (EXITWATCH_OWNER and EXITWATCH_RUN
+    in their environment)."""
+    leftovers_interval: float = 1.0
+    """Seconds between two listings of /proc for a dead run's leftover processes."""
     docker_host: str | None = None
     """Docker engine URL; None means DOCKER_HOST or the default socket."""
     reap_workers: int = 16
@@ -66,6 +71,10 @@ class Config:
             ),
             "ebpf_max_owners": (1 <= self.ebpf_max_owners <= 1 << 24, "an integer in 1..16777216"),
             "workdir_depth": (1 <= self.workdir_depth <= 16, "an integer in 1..16"),
+            "leftovers_interval": (
+                0.1 <= self.leftovers_interval <= 3600,
+                "a number in 0.1..3600",
+            ),
             "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
             "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
             "reconcile_interval": (

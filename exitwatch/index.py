@@ -53,10 +53,8 @@ class Index:
                 if r.kind == "container"
             ],
             "workdirs": sorted(r.key for r in held if r.kind == "workdir"),
-        } | {
-            f"{r.kind}s": sorted(x.name or x.key for x in held if x.kind == r.kind)
-            for r in held
-            if r.kind not in ("container", "workdir")
+            "hooks": sorted(r.name or r.key for r in held if r.kind == "hook"),
+            "processes": sorted(r.name for r in held if r.kind == "process"),
         }
 
     def add(self, res: Resource) -> tuple[bool, Owner | None]:

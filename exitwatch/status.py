@@ -155,6 +155,14 @@ def render(status: dict) -> str:
     discovery = (status.get("workdirs") or {}).get("discovery")
     if discovery:
         out.append(f"  workdirs: {discovery}")
+    rescans = status.get("processes")
+    if rescans and rescans.get("failing"):
+        out.append(
+            f"  leftover processes: rescan FAILING ({rescans['failing']} times in a row: "
+            f"{rescans.get('last_error')})"
+        )
+    elif rescans:
+        out.append(f"  leftover processes: rescanned every {rescans['interval_s']:g} s")
     counters = status.get("counters")
     if counters:
         out.append(
@@ -221,9 +229,8 @@ def _owner_lines(owner: dict) -> list[str]:
         project = f", project {c['project']}" if c.get("project") else ""
         lines.append(f"    container {c['id'][:12]} ({c['name']}{project})")
     lines.extend(f"    workdir {w}" for w in owner.get("workdirs", []))
-    for key, items in owner.items():  # kinds beyond these two, e.g. "hooks"
-        if key not in ("containers", "workdirs") and isinstance(items, list):
-            lines.extend(f"    {key.removesuffix('s')} {item}" for item in items)
+    lines.extend(f"    hook {h}" for h in owner.get("hooks", []))
+    lines.extend(f"    {p}" for p in owner.get("processes", []))
     return lines
 
 

@@ -98,7 +98,7 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
             listener = listen(made[0])
             child_env = dict(env)
             child_env["DOCKER_HOST"] = f"unix://{made[0]}/docker.sock"
-            child_env[ENV_OWNER] = str(owner)
+            child_env[ENV_OWNER] = child_env["EXITWATCH_RUN"] = str(owner)
             if settings.tmpdir:
                 made.append(_fresh_dir(env.get("TMPDIR") or "/tmp", owner))
                 child_env["TMPDIR"] = made[1]

@@ -92,5 +92,5 @@ def benchflow() -> Path:
 
 
 def verifiers() -> Path:
-    """verifiers 0.4.0's venv."""
-    return venv("verifiers-0.4.0", python312(), "verifiers==0.4.0")
+    """verifiers 0.4.0's venv, on Debian's Python (it requires >= 3.11)."""
+    return venv("verifiers-0.4.0-py3.11", "/usr/bin/python3", "verifiers==0.4.0")

@@ -7,10 +7,11 @@ VPY := $(VENV)/bin/python
 # Debian's own interpreter and bookworm's libraries: what the .deb runs on.
 DEBIAN_PY := /usr/bin/python3
 
+# prometheus: for its promtool, which checks packaging/prometheus/ (tests/test_fleet.py).
 APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
-	python3-psutil python3-docker python3-click python3-prometheus-client \
+	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-hypothesis \
-	clang libbpf-dev gcc util-linux forkstat curl
+	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2
 
 .PHONY: all deps apt venv test lint run clean
 

@@ -49,12 +49,10 @@ def run(engine: Engine, source: str, trials: int) -> dict:
             result["ready_s"] = round(agent.wait_ready(), 3)
             for i, o in enumerate(owners):
                 stamp = f"{work}/plain-{i}"
-                at = time.time()
+                floor_at = time.time()
                 proc = subprocess.Popen(["bash", "-c", _STAMP, stamp])
-                started = _stamp(stamp)
+                floor_started = _stamp(stamp)
                 proc.wait()
-                if started is not None:
-                    plain.append((started - at) * 1000)
 
                 stamp = f"{work}/hook-{i}"
                 at = time.time()
@@ -63,7 +61,10 @@ def run(engine: Engine, source: str, trials: int) -> dict:
                 if started is None:
                     missed += 1
                     continue
-                hook.append((started - at) * 1000)
+                # Kept in pairs: each hook trial against the plain start run next to it.
+                if floor_started is not None:
+                    plain.append((floor_started - floor_at) * 1000)
+                    hook.append((started - at) * 1000)
         except AgentFailed as err:
             return result | {"unavailable": str(err)}
         finally:
@@ -75,12 +76,11 @@ def run(engine: Engine, source: str, trials: int) -> dict:
             os.environ[ENV_HOOK_DIR] = before
         end_owners(owners)
         shutil.rmtree(work, ignore_errors=True)
-    ours, floor = stats.summary(hook), stats.summary(plain)
     return result | {
         "missed": missed,
-        "hook_ms": ours,
-        "plain_ms": floor,
-        "overhead_ms": stats.minus(ours, floor),
+        "hook_ms": stats.summary(hook),
+        "plain_ms": stats.summary(plain),
+        "overhead_ms": stats.paired(hook, plain),
     }
 
 

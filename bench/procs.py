@@ -14,20 +14,30 @@ from dataclasses import dataclass, field
 
 from exitwatch.contract import mark_workdir
 from exitwatch.owner import Owner, owner_of
+from exitwatch.status import query
 
 TICKS = os.sysconf("SC_CLK_TCK")
 READY = "ready: watching "
-LOST = "exit hints lost"
 
 # The agent's netlink source asks for the kernel's exit-only filter wherever the kernel
 # has it, and has no switch to turn it off. The storm's "without the filter" run gets the
-# agent as it would run on a kernel older than 6.6, by the one decision that changes.
-_NO_FILTER = (
-    "import exitwatch.sources.netlink as n\n"
-    "n.exit_filter_supported = lambda release=None: False\n"
-    "from exitwatch.cli import main\n"
-    "main()\n"
+# agent as it would run on a kernel older than 6.6, by the one decision that changes; its
+# reason line says so, rather than blame this kernel's version.
+NO_FILTER_FEATURE = (
+    "all proc events, filtered in user space: the benchmark turned the exit-only filter off"
 )
+_NO_FILTER = f"""
+import dataclasses
+import exitwatch.sources as s
+import exitwatch.sources.netlink as n
+n.exit_filter_supported = lambda release=None: False
+s.CANDIDATES = tuple(
+    dataclasses.replace(c, feature=lambda: {NO_FILTER_FEATURE!r}) if c.name == "netlink" else c
+    for c in s.CANDIDATES
+)
+from exitwatch.cli import main
+main()
+"""
 
 
 class AgentFailed(RuntimeError):
@@ -117,12 +127,12 @@ class Agent:
     def argv(self) -> list[str]:
         head = [sys.executable, "-m", "exitwatch"]
         if not self.exit_filter:
-            head = [sys.executable, "-c", _NO_FILTER]
+            head = [
+                sys.executable,
+                "-c",
+                f"NO_FILTER_FEATURE = {NO_FILTER_FEATURE!r}\n{_NO_FILTER}",
+            ]
         argv = [*head, "agent", "--source", self.source, "--docker-host", self.docker_host]
-        # Its own status socket and audit log, never the system's (or a test agent's).
-        state = self.roots[0] if self.roots else tempfile.gettempdir()
-        argv += ["--status-socket", f"{state}/.exitwatch-bench-{os.getpid()}.sock"]
-        argv += ["--audit-log", ""]
         for root in self.roots:
             argv += ["--workdir-root", root]
         if self.poll_interval is not None:
@@ -176,8 +186,12 @@ class Agent:
         line = next(x for x in self.lines if READY in x)
         return int(line.split(READY, 1)[1].split()[0])
 
-    def count(self, text: str) -> int:
-        return sum(text in line for line in list(self.lines))
+    def counters(self) -> dict[str, int]:
+        """The agent's own counters (events_lost, resyncs, ...), from its status socket."""
+        doc = query(os.path.join(self._state, "status.sock"), timeout=30)
+        if doc is None:
+            raise AgentFailed(f"agent --source {self.source} does not answer on its status socket")
+        return doc["counters"]
 
     def stop(self) -> None:
         if self.proc is None:

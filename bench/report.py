@@ -59,7 +59,9 @@ def targets(results: dict) -> list[dict]:
         _check(out, "storm", f"{v} late (> 2 s)", r["late"], "<=", 0)
         if v != "netlink-nofilter":
             _check(out, "storm", f"{v} agent CPU per exit / floor", r["agent_vs_floor"], "<=", 1.5)
-        _check(out, "storm", "forkstat CPU per exit / agent", r["forkstat_vs_agent"], ">=", 3)
+            _check(
+                out, "storm", f"{v} forkstat CPU per exit / agent", r["forkstat_vs_agent"], ">=", 3
+            )
     for r in s.get("hooks", []):
         if "unavailable" not in r:
             src = r["source"]
@@ -72,6 +74,13 @@ def targets(results: dict) -> list[dict]:
                 20,
             )
             _check(out, "hooks", f"{src} missed", r["missed"], "<=", 0)
+    if "wrapper" in s:
+        w = s["wrapper"]
+        overhead = w["create_start_ms"]["overhead"].get("p95")
+        _check(out, "wrapper", "create+start overhead p95 ms", overhead, "<=", 5)
+        _check(out, "wrapper", "stream throughput / direct", w["stream"]["ratio"], ">=", 0.9)
+        _check(out, "wrapper", "wrapper RSS MB", w["wrapper_rss_mb"], "<=", 40)
+        _check(out, "wrapper", f"failures of {w['clients']} clients", w["client_failures"], "<=", 0)
     if "idle" in s:
         _check(out, "idle", "agent CPU %", s["idle"]["cpu_pct"], "<", 0.5)
         _check(out, "idle", "agent RSS MB", s["idle"]["rss_mb"], "<", 60)
@@ -110,7 +119,11 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
             ("latency", f"{src}: SIGKILL -> container gone, {dist}", _dist(r["container_ms"])),
             ("latency", f"{src}: floor, engine DELETE force, {dist}", _dist(r["floor_api_ms"])),
             ("latency", f"{src}: floor, `docker rm -f` CLI, {dist}", _dist(r["floor_cli_ms"])),
-            ("latency", f"{src}: overhead (ours - API floor), {dist}", _dist(r["overhead_ms"])),
+            (
+                "latency",
+                f"{src}: overhead, per trial (ours - the API floor run just before), {dist}",
+                _dist(r["overhead_ms"]),
+            ),
             ("latency", f"{src}: SIGKILL -> workdir gone, {dist}", _dist(r["workdir_ms"])),
             ("latency", f"{src}: trials", n),
         ]
@@ -126,12 +139,17 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
                 f"{v}: exits/s ({r['loops']} loops, {r['seconds']:g} s)",
                 str(r["exits_per_s"]),
             ),
+            ("storm", f"{v}: exit source", str(r.get("source_line"))),
             ("storm", f"{v}: missed / late of {r['owners']}", f"{r['missed']} / {r['late']}"),
-            ("storm", f"{v}: resyncs (hints lost)", str(r["resyncs"])),
+            (
+                "storm",
+                f"{v}: times events were lost / resyncs (the agent's counters)",
+                f"{r.get('events_lost')} / {r['resyncs']}",
+            ),
             ("storm", f"{v}: reap {dist}", _dist(r["container_ms"])),
             (
                 "storm",
-                f"{v}: CPU s per 100k exits",
+                f"{v}: CPU s per 100k exits, every reader of this storm",
                 ", ".join(f"{k} {x:.2f}" for k, x in per.items()),
             ),
             ("storm", f"{v}: agent / floor", str(r["agent_vs_floor"])),
@@ -151,6 +169,53 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
                     str(b["ns_per_run"]),
                 )
             )
+    for r in s.get("hooks", []):
+        src = r["source"]
+        if "unavailable" in r:
+            out.append(("hooks", src, f"unavailable: {r['unavailable']}"))
+            continue
+        out += [
+            ("hooks", f"{src}: SIGKILL -> hook started, {dist}", _dist(r["hook_ms"])),
+            ("hooks", f"{src}: floor, plain fork+exec, {dist}", _dist(r["plain_ms"])),
+            (
+                "hooks",
+                f"{src}: overhead, per trial (ours - the plain start run just before), {dist}",
+                _dist(r["overhead_ms"]),
+            ),
+            ("hooks", f"{src}: trials", f"{r['trials']} trials, {r['missed']} missed"),
+        ]
+    if "wrapper" in s:
+        w = s["wrapper"]
+        cs, ping, st = w["create_start_ms"], w["ping_ms"], w["stream"]
+        out += [
+            ("wrapper", f"`docker run -d` create+start, direct, {dist}", _dist(cs["direct"])),
+            ("wrapper", f"create+start through the run's socket, {dist}", _dist(cs["run"])),
+            (
+                "wrapper",
+                f"create+start overhead, per trial (socket - direct beside it), {dist}",
+                _dist(cs["overhead"]),
+            ),
+            (
+                "wrapper",
+                f"`_ping` on a new connection, overhead per trial, {dist}",
+                _dist(ping["overhead"]),
+            ),
+            (
+                "wrapper",
+                f"exec stream of {st['bytes'] >> 20} MiB: socket / direct, MB/s",
+                f"{st['run_mb_s']} / {st['direct_mb_s']} = {st['ratio']}",
+            ),
+            (
+                "wrapper",
+                f"{w['clients']} concurrent clients: failures",
+                str(w["client_failures"]),
+            ),
+            (
+                "wrapper",
+                "wrapper peak RSS MB, serving (with its cleanup)",
+                f"{w['wrapper_rss_mb']} ({w['wrapper_rss_mb_with_cleanup']})",
+            ),
+        ]
     if "idle" in s:
         i = s["idle"]
         out += [

@@ -22,12 +22,12 @@ from pathlib import Path
 import docker
 import psutil
 
-from bench import hooks, idle, latency, report, scale, storm
+from bench import hooks, idle, latency, report, scale, storm, wrapper
 from bench.engine import Engine
 from bench.procs import end_owners, spawn_owners
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("latency", "storm", "idle", "scale", "hooks")
+SECTIONS = ("latency", "storm", "idle", "scale", "hooks", "wrapper")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class Sizes:
     """Containers of the one owner reaped in bulk (and of the baseline's owner)."""
     workdirs: int = 100_000
     """Marked dirs for the workdir reconcile."""
+    wrapper_trials: int = 100
+    """create+start pairs through `exitwatch run`'s socket and directly."""
+    wrapper_stream_mb: int = 256
+    """Size of the stream read through the run's socket and directly, MiB."""
 
 
 SMOKE = Sizes(
@@ -65,6 +69,8 @@ SMOKE = Sizes(
     reconcile_containers=20,
     bulk_containers=10,
     workdirs=200,
+    wrapper_trials=3,
+    wrapper_stream_mb=16,
 )
 
 
@@ -161,7 +167,6 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
                         sizes.storm_owners,
                         root,
                         args.bindir,
-                        v == "netlink",
                         seed,
                     )
                     for seed, v in enumerate(("netlink", "netlink-nofilter", "ebpf"))
@@ -185,6 +190,11 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
                 engine.clean()
         if "hooks" in only:
             section("hooks", lambda: [hooks.run(engine, s, sizes.trials) for s in ("netlink",)])
+        if "wrapper" in only:
+            section(
+                "wrapper",
+                lambda: wrapper.run(engine, sizes.wrapper_trials, sizes.wrapper_stream_mb << 20),
+            )
     finally:
         engine.close()
         shutil.rmtree(work, ignore_errors=True)

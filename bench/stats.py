@@ -26,13 +26,13 @@ def summary(values_ms: Sequence[float]) -> dict[str, float | int]:
     return out
 
 
-def minus(ours: dict[str, float | int], floor: dict[str, float | int]) -> dict[str, float]:
-    """Quantile by quantile: ours - floor. The trials are not paired, their quantiles are."""
-    return {
-        k: round(float(ours[k]) - float(floor[k]), 2)
-        for k in ("p50", "p95", "p99", "max")
-        if k in ours and k in floor
-    }
+def paired(ours: Sequence[float], floors: Sequence[float]) -> dict[str, float | int]:
+    """The summary of per-trial differences ours[i] - floors[i]: each trial of ours against
+    the floor trial run next to it, so a floor that drifts during a run drifts out of the
+    difference. Unlike a difference of two quantiles, its quantiles are ordered."""
+    if len(ours) != len(floors):
+        raise ValueError(f"{len(ours)} trials against {len(floors)} floor trials")
+    return summary([a - b for a, b in zip(ours, floors, strict=True)])
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

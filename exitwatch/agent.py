@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from exitwatch.config import Config
 from exitwatch.index import Index
 from exitwatch.owner import Owner, death, describe_status
+from exitwatch.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.record import Recorder
 from exitwatch.resources.base import Found, Gone, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.sources.base import Exit, Lost, Source
@@ -25,7 +26,14 @@ log = logging.getLogger(__name__)
 ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
 RESYNC_DELAY = 0.1  # the longest a lost exit waits for its re-check while hints pour in
+RECHECK_DELAY = 1.0  # an owner whose liveness could not be read is judged again after this
 STOP_PARTS_DEADLINE = 1.0  # of the 2 s from SIGTERM to exit; the drain gets the rest
+# Counted from start, so that every one is shown (and exported) from the first scrape.
+COUNTERS = (
+    *("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"),
+    *("hook_runs", "hook_failures", "hook_timeouts"),
+    *RECONCILE_COUNTERS,
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,11 @@ class Agent:
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
         self._removing: set[tuple[str, str]] = set()  # (kind, key) of every job under way
         self._given_up: dict[tuple[str, str], _Job] = {}  # shown in status until it is gone
+        # Owners whose liveness could not be read (say, the fd table was full), with the
+        # hint's time and wait status, judged again at _recheck_at.
+        self._rechecks: dict[Owner, tuple[float, int | None]] = {}
+        self._recheck_at: float | None = None
+        self._periodic = Periodic(config.reconcile_interval, kinds)
         self._stopped = False
 
     # -- inputs ---------------------------------------------------------------------------
@@ -133,6 +146,7 @@ class Agent:
             self.source.start(self.submit)
         for kind in self.kinds.values():
             kind.start(self.submit)
+        self._periodic.start(self.submit)
         try:
             while self._step():
                 pass
@@ -182,8 +196,13 @@ class Agent:
     def _step(self) -> bool:
         now = time.monotonic()
         timeout = self._watchdog_interval
-        if self._retries:
-            due = max(0.0, self._retries[0][0] - now)
+        dues = [self._retries[0][0] - now] if self._retries else []
+        dues += [d for d in (self._periodic.timeout(now),) if d is not None]
+        if dues:
+            due = max(0.0, min(dues))
+            timeout = due if timeout is None else min(timeout, due)
+        if self._recheck_at is not None:
+            due = max(0.0, self._recheck_at - now)
             timeout = due if timeout is None else min(timeout, due)
         if self._resync_since is not None:
             timeout = 0
@@ -213,6 +232,7 @@ class Agent:
         (a storm can overflow the buffer many times a second and keep the queue busy)."""
         while self._retries and self._retries[0][0] <= now:
             self._start(heapq.heappop(self._retries)[2])
+        self._periodic.tick(now)
         if self._resync_since is not None and (
             self._queue.empty() or now - self._resync_since >= RESYNC_DELAY
         ):
@@ -220,6 +240,11 @@ class Agent:
             self.recorder.count("resyncs")
             for owner in self.index.owners():
                 self._confirm(owner, now)
+        if self._recheck_at is not None and self._recheck_at <= now:
+            rechecks, self._rechecks, self._recheck_at = self._rechecks, {}, None
+            for owner, (at, status) in rechecks.items():
+                if self.index.resources(owner):  # not reaped or forgotten meanwhile
+                    self._confirm(owner, at, status)
 
     def _handle(self, item: object) -> None:
         match item:
@@ -232,6 +257,7 @@ class Agent:
                     self._resync_since = time.monotonic()
             case Found(resource=res):
                 self._given_up.pop((res.kind, res.key), None)
+                self._periodic.changed(res.kind, res.key, res)
                 new, displaced = self.index.add(res)
                 if displaced is not None:
                     self._unwatch(displaced)
@@ -239,6 +265,7 @@ class Agent:
                     self._admit(res.owner)
             case Gone(kind=kind, key=key):
                 self._given_up.pop((kind, key), None)
+                self._periodic.changed(kind, key, None)
                 emptied = self.index.discard(kind, key)
                 if emptied is not None:
                     self._unwatch(emptied)
@@ -246,6 +273,7 @@ class Agent:
                 fresh = {(kind, r.key) for r in resources}
                 for key in [k for k in self._given_up if k[0] == kind and k not in fresh]:
                     del self._given_up[key]
+                self._periodic.replaced(kind)
                 added, emptied = self.index.replace_kind(kind, resources)
                 for owner in emptied:
                     self._unwatch(owner)
@@ -254,18 +282,42 @@ class Agent:
                 if self._awaiting_snapshot:
                     self._awaiting_snapshot.discard(kind)
                     if not self._awaiting_snapshot:
+                        self._periodic.ready(time.monotonic(), self.recorder)
                         log.info("ready: watching %d owners", len(self.index))
             case _Done(token=token, job=job, failed=failed):
                 del self._running[token]
                 done = [r for r in job.resources if r not in failed]
+                # Gone, or refused: a listing made before is stale on these.
+                for r in done:
+                    self._periodic.changed(r.kind, r.key, None)
                 self._removing.difference_update((r.kind, r.key) for r in done)
                 if not (failed and self._retry(replace(job, resources=failed))):
                     self._removing.difference_update((r.kind, r.key) for r in failed)
+            case Scanned():
+                self._reconciled(item)
             case _Ask(fn=fn, answer=answer):
                 try:
                     answer.set_result(fn())
                 except Exception as err:
                     answer.set_exception(err)
+
+    def _reconciled(self, scanned: Scanned) -> None:
+        """A periodic reconcile's listings, judged like the start-up one: so what was
+        missed, refused or given up since is tried again."""
+        listed, fresh = 0, []
+        for snap in self._periodic.merge(scanned):
+            listed += len(snap.resources)
+            # Only the differences are handled: a listing of 100,000 unchanged workdirs
+            # costs the loop lookups rather than re-indexing, so exits wait milliseconds.
+            for res in snap.resources:
+                key = (res.kind, res.key)
+                if self.index.owner(*key) != res.owner and key not in self._removing:
+                    fresh.append(key)
+                    self._handle(Found(res))
+            for key in self.index.keys(snap.kind) - {r.key for r in snap.resources}:
+                self._handle(Gone(snap.kind, key))
+        orphaned = sum(1 for k in fresh if k in self._removing)  # their removal has begun
+        self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
 
     # -- confirm --------------------------------------------------------------------------
 
@@ -279,7 +331,7 @@ class Agent:
         self.recorder.count("gave_up")
         self._given_up.update(((r.kind, r.key), job) for r in job.resources)
         log.error(
-            "giving up on the %ss of %s after %d attempts; the next start or "
+            "giving up on the %ss of %s after %d attempts; the next reconcile, start or "
             "`exitwatch reap` tries again",
             job.kind.kind,
             job.owner,
@@ -316,7 +368,21 @@ class Agent:
             self.source.unwatch(owner)
 
     def _confirm(self, owner: Owner, at: float, status: int | None = None) -> None:
-        reason = death(owner)
+        try:
+            reason = death(owner)
+        except OSError as err:
+            # Not "gone" (that reads as dead): /proc could not be read now, say with the fd
+            # table full. The hint is kept, and the owner judged again soon.
+            if self._recheck_at is None:
+                self._recheck_at = time.monotonic() + RECHECK_DELAY
+                log.warning(
+                    "cannot tell whether owner %s lives (%s); checking again in %g s",
+                    owner,
+                    err.strerror or err,
+                    RECHECK_DELAY,
+                )
+            self._rechecks.setdefault(owner, (at, status))
+            return
         if reason is None:
             return
         # A zombie's reason already tells its wait status, read from /proc.
@@ -373,21 +439,23 @@ class Agent:
         return [self.index.describe(owner) for owner in sorted(self.index.owners())]
 
     def counters(self) -> dict[str, int]:
-        counters = dict.fromkeys(
-            (
-                *("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"),
-                *("hook_runs", "hook_failures", "hook_timeouts"),
-            ),
-            0,
-        )
+        counters = dict.fromkeys(COUNTERS, 0)
         counters.update(self.recorder.counters())
         counters["exits_seen"] = self.source.events_seen if self.source else 0
         counters["events_lost"] = self.source.lost if self.source else 0
         return counters
 
     def gauges(self) -> dict:
+        last = self._periodic.last
+        jobs = [job for _, job in self._running.values()] + [job for _, _, job in self._retries]
         return {
             "owners": len(self.index),
             "resources": dict(+self.index.counts),
-            "pending": len(self._running) + len(self._retries),
+            "pending": len(jobs),
+            "oldest_pending": max((time.monotonic() - job.at for job in jobs), default=0.0),
+            "last_reconcile": last["at"] if last else 0,
+            "reconcile_interval": self._periodic.interval,
         }
+
+    def reconciling(self) -> dict:
+        return self._periodic.describe()

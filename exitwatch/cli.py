@@ -1,4 +1,4 @@
-"""The command line: agent, reap, status, labels, mark, on-death."""
+"""The command line: agent, reap, status, labels, mark, on-death, run."""
 
 from __future__ import annotations
 
@@ -137,6 +137,13 @@ def cli() -> None:
     metavar="S",
     help=f"Seconds between checks of the watched owners (poll) [default: {Config.poll_interval}].",
 )
+@_option(
+    "--reconcile-interval",
+    type=float,
+    metavar="S",
+    help="Seconds between full listings that retry what was missed, refused or given up; "
+    f"0: only at start [default: {Config.reconcile_interval:g}].",
+)
 @_roots
 @_depth
 @_docker_host
@@ -213,7 +220,7 @@ def reap(config_path: str | None, **flags: object) -> None:
     config = _config(config_path, **flags)
     logs.setup(config.log_format)
     from exitwatch.agent import Agent
-    from exitwatch.resources.docker import EngineError
+    from exitwatch.resources.engine import EngineError
 
     kinds = _kinds(config)
     problem = kinds[0].ping()
@@ -254,7 +261,12 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
     if since is not None:
         # The running agent's own audit log, whatever this command's config says.
         path = doc["agent"]["config"]["audit_log"] if doc.get("agent") else config.audit_log
-        doc["reaps"] = list(audit.read(path, _since(since)))
+        try:
+            doc["reaps"] = list(audit.read(path, _since(since)))
+        except OSError as err:
+            raise click.ClickException(
+                f"cannot read the audit log {path}: {err.strerror}"
+            ) from None
     click.echo(json.dumps(doc, indent=2) if as_json else render(doc))
     sys.exit(code)
 
@@ -263,16 +275,22 @@ def _scan(config: Config) -> dict:
     """What a one-shot scan finds, read-only: live owners, and orphans waiting."""
     from exitwatch.index import Index
     from exitwatch.owner import death
-    from exitwatch.resources.docker import EngineError
+    from exitwatch.resources import workdirs
+    from exitwatch.resources.engine import EngineError
 
     index = Index()
     kinds = _kinds(config)
     docker = {"endpoint": kinds[0].host, "connected": True}
-    for kind in kinds:
-        try:
-            index.replace_kind(kind.kind, kind.scan().resources)
-        except EngineError as err:
-            docker = {"endpoint": kinds[0].host, "connected": False, "last_error": str(err)}
+    skipped = _SkippedMarkers()
+    workdirs.log.addFilter(skipped)
+    try:
+        for kind in kinds:
+            try:
+                index.replace_kind(kind.kind, kind.scan().resources)
+            except EngineError as err:
+                docker = {"endpoint": kinds[0].host, "connected": False, "last_error": str(err)}
+    finally:
+        workdirs.log.removeFilter(skipped)
     owners, pending = [], []
     for owner in sorted(index.owners()):
         why = death(owner)
@@ -283,7 +301,29 @@ def _scan(config: Config) -> dict:
             held = [c["name"] for c in entry.pop("containers")] + entry.pop("workdirs")
             held += [x for k, v in entry.items() if isinstance(v, list) for x in v]
             pending.append({"owner": entry["owner"], "death": why, "what": held})
-    return {"schema": 1, "agent": None, "docker": docker, "owners": owners, "pending": pending}
+    return {
+        "schema": 1,
+        "agent": None,
+        "docker": docker,
+        "owners": owners,
+        "pending": pending,
+        "skipped_markers": skipped.count,
+    }
+
+
+class _SkippedMarkers(logging.Filter):
+    """Counts the bad-marker warnings of a one-shot scan and keeps them off the terminal,
+    where a dozen would bury the status; `exitwatch reap --dry-run` prints them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("marker "):
+            self.count += 1
+            return False
+        return True
 
 
 def _since(text: str) -> float:
@@ -406,6 +446,45 @@ def _why(err: Exception) -> str:
     if isinstance(err, OSError) and err.strerror:
         return f"hook spool {err.filename or ''}: {err.strerror}"
     return str(err)
+
+
+class _OneLineUsage(click.Command):
+    """Bad use of `run` is one line and exit 2, so that a runner's own output stays readable."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as err:
+            click.echo(f"exitwatch run: {err.format_message()} (see --help)", err=True)
+            ctx.exit(2)
+
+
+@cli.command(cls=_OneLineUsage, context_settings={"allow_interspersed_args": False})
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 3600),
+    default=5.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between SIGTERM and SIGKILL for what CMD leaves running.",
+)
+@click.option("--no-tmpdir", is_flag=True, help="Leave TMPDIR as it is.")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
+    """Run CMD as one owner, and remove what it leaves when it ends, however it ends.
+
+    CMD's Docker clients are pointed at a socket of the run's that labels what they create;
+    its TMPDIR is a fresh marked directory. Exits with CMD's status (128+N for signal N).
+    """
+    from exitwatch.supervise import SETUP_FAILED, RunError, Settings
+    from exitwatch.supervise import run as supervise
+
+    try:
+        code = supervise(argv, Settings(grace=grace, tmpdir=not no_tmpdir))
+    except RunError as err:
+        click.echo(f"exitwatch run: {err}", err=True)
+        code = SETUP_FAILED
+    sys.exit(code)
 
 
 def _owning_pid(pid: int | None) -> int:

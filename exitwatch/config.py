@@ -32,6 +32,11 @@ class Config:
     """Directories under which marked workdirs are looked for."""
     workdir_depth: int = 3
     """How many levels below a root a workdir may be."""
+    kill_leftovers: bool = True
+    """Kill a dead `exitwatch run`'s leftover processes (EXITWATCH_OWNER and EXITWATCH_RUN
+    in their environment)."""
+    leftovers_interval: float = 1.0
+    """Seconds between two listings of /proc for a dead run's leftover processes."""
     docker_host: str | None = None
     """Docker engine URL; None means DOCKER_HOST or the default socket."""
     reap_workers: int = 16
@@ -40,6 +45,9 @@ class Config:
     """A removal that fails is tried this many times in all, with growing delays."""
     hook_dir: str = HOOK_DIR
     """The spool of on-death hooks (root's, mode 1733; the agent creates it)."""
+    reconcile_interval: float = 600.0
+    """Seconds between full listings of every kind, which retry what was missed, refused or
+    given up; 0: only at start."""
     status_socket: str = "/run/exitwatch/exitwatch.sock"
     """The read-only unix socket that `exitwatch status` asks."""
     audit_log: str = "/var/lib/exitwatch/audit.jsonl"
@@ -65,8 +73,16 @@ class Config:
             ),
             "ebpf_max_owners": (1 <= self.ebpf_max_owners <= 1 << 24, "an integer in 1..16777216"),
             "workdir_depth": (1 <= self.workdir_depth <= 16, "an integer in 1..16"),
+            "leftovers_interval": (
+                0.1 <= self.leftovers_interval <= 3600,
+                "a number in 0.1..3600",
+            ),
             "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
             "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
+            "reconcile_interval": (
+                self.reconcile_interval == 0 or 1 <= self.reconcile_interval <= 86400,
+                "0 (off) or a number in 1..86400",
+            ),
             "docker_host": (
                 self.docker_host is None or self.docker_host.startswith("unix://"),
                 "a local engine's unix:// socket (owners are processes of this host)",

@@ -31,6 +31,13 @@ class Index:
     def owners_of_pid(self, pid: int) -> set[Owner]:
         return self._by_pid.get(pid, set())
 
+    def owner(self, kind: str, key: str) -> Owner | None:
+        """The owner the index has for one resource, if it holds it."""
+        return self._owner_of.get((kind, key))
+
+    def keys(self, kind: str) -> set[str]:
+        return {key for k, key in self._owner_of if k == kind}
+
     def resources(self, owner: Owner) -> list[Resource]:
         return list(self._held.get(owner, {}).values())
 
@@ -46,10 +53,8 @@ class Index:
                 if r.kind == "container"
             ],
             "workdirs": sorted(r.key for r in held if r.kind == "workdir"),
-        } | {
-            f"{r.kind}s": sorted(x.name or x.key for x in held if x.kind == r.kind)
-            for r in held
-            if r.kind not in ("container", "workdir")
+            "hooks": sorted(r.name or r.key for r in held if r.kind == "hook"),
+            "processes": sorted(r.name for r in held if r.kind == "process"),
         }
 
     def add(self, res: Resource) -> tuple[bool, Owner | None]:

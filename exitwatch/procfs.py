@@ -22,6 +22,9 @@ class Stat:
     num_threads: int
     starttime: int  # clock ticks since boot (field 22)
     exit_code: int | None  # raw wait status (field 52), meaningful once the task has exited
+    # Where the environment lies in memory (fields 50-51): a new one at every exec. Zeros
+    # to a reader without ptrace access, None on kernels before 3.5.
+    env_area: tuple[int, int] | None = None
 
 
 def boot_id(proc: str = PROC) -> str:
@@ -47,6 +50,7 @@ def parse_stat(data: str) -> Stat:
         num_threads=int(rest[17]),
         starttime=int(rest[19]),
         exit_code=int(rest[49]) if len(rest) > 49 else None,
+        env_area=(int(rest[47]), int(rest[48])) if len(rest) > 48 else None,
     )
 
 
@@ -65,12 +69,46 @@ def read_stat(pid: int, proc: str = PROC, tid: int | None = None) -> Stat:
     return parse_stat(data)
 
 
+def identity(pid: int, proc: str = PROC) -> tuple[int, int, int]:
+    """(start time, environment start, environment end) of PID, from /proc/PID/stat: what
+    tells one exec of one process from any other. Made for a scan of every process, so it
+    reads raw bytes and parses nothing else (a third of read_stat's cost). The area is
+    (0, 0) to a reader without ptrace access and on kernels before 3.5.
+
+    Raises ProcessLookupError when the process is gone.
+    """
+    try:
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
+    except (FileNotFoundError, ProcessLookupError) as err:
+        raise ProcessLookupError(pid) from err
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    end = data.rfind(b")")
+    if end < 0:  # nothing read: the task went away meanwhile
+        raise ProcessLookupError(pid)
+    rest = data[end + 2 :].split()
+    if len(rest) > 48:
+        return int(rest[19]), int(rest[47]), int(rest[48])
+    return int(rest[19]), 0, 0
+
+
 def thread_ids(pid: int, proc: str = PROC) -> list[int]:
     """The ids of PID's live threads. Raises ProcessLookupError when the process is gone."""
     try:
         return [int(tid) for tid in os.listdir(f"{proc}/{pid}/task")]
     except (FileNotFoundError, ProcessLookupError) as err:
         raise ProcessLookupError(pid) from err
+
+
+def namespace(pid: int | str, name: str, proc: str = PROC) -> int | None:
+    """The inode of PID's namespace `name` ("pid", ...), which identifies it; None when the
+    process is gone or the kernel has no such namespace."""
+    try:
+        return os.stat(f"{proc}/{pid}/ns/{name}").st_ino
+    except OSError:
+        return None
 
 
 def foreign_namespace(*names: str, proc: str = PROC) -> str | None:

@@ -17,6 +17,7 @@ from exitwatch.record import Recorder
 from exitwatch.resources.base import ResourceKind
 from exitwatch.resources.docker import Containers
 from exitwatch.resources.hooks import Hooks
+from exitwatch.resources.processes import Processes
 from exitwatch.resources.workdirs import Workdirs
 from exitwatch.sources import pick
 from exitwatch.status import SCHEMA, StatusServer
@@ -38,7 +39,10 @@ def make_kinds(config: Config) -> list[ResourceKind]:
             f"this host), got {containers.host!r}"
         )
     workdirs = Workdirs(config.workdir_roots, config.workdir_depth)
-    return [containers, workdirs, Hooks(config.hook_dir)]
+    kinds = [containers, workdirs, Hooks(config.hook_dir)]
+    if not config.kill_leftovers:
+        return kinds
+    return [*kinds, Processes(config.leftovers_interval)]
 
 
 class Service:
@@ -102,7 +106,7 @@ class Service:
                 recorder.observe = metrics.observe
                 closers.append(metrics.close)
             server = StatusServer(
-                config.status_socket, lambda: _status(agent, kinds[0], recorder, info)
+                config.status_socket, lambda: _status(agent, kinds, recorder, info)
             )
             closers.append(server.close)
             self._agent = agent
@@ -129,15 +133,25 @@ class Service:
                 audit.close()
 
 
-def _status(agent: Agent, docker: ResourceKind, recorder: Recorder, info: dict) -> dict:
+def _status(agent: Agent, kinds: list[ResourceKind], recorder: Recorder, info: dict) -> dict:
     try:
-        body = agent.ask(lambda: {"owners": agent.owners(), "pending": agent.pending()})
+        body = agent.ask(
+            lambda: {
+                "owners": agent.owners(),
+                "pending": agent.pending(),
+                "reconcile": agent.reconciling(),
+            }
+        )
     except TimeoutError:
         body = {"owners": [], "pending": [], "busy": "the agent's loop did not answer in time"}
+    # the leftover-process rescans, when that kind is on (kill_leftovers)
+    rescans = [k.health() for k in kinds if k.kind == "process"]
     return {
         "schema": SCHEMA,
         "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
-        "docker": docker.health(),
+        "docker": kinds[0].health(),
+        "workdirs": kinds[1].health(),
+        **({"processes": rescans[0]} if rescans else {}),
         **body,
         "reaps": recorder.reaps(),
         "counters": agent.counters(),

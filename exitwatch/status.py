@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import selectors
 import socket
 import stat
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = 1
 SEND_TIMEOUT = 1.0  # a client that does not read within this is dropped
+ACCEPT_PAUSE = 0.1  # after a failed accept (no fd free), before trying again
 SOCKET_MODE = 0o660
 
 
@@ -64,7 +66,12 @@ class StatusServer:
     def _answer(self) -> None:
         try:
             conn, _ = self._sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
         except OSError:
+            # No fd free (EMFILE, ENFILE): the client stays queued and the socket readable,
+            # so the loop would spin on it. Pause, still woken at once by close().
+            select.select([self._wake_r], [], [], ACCEPT_PAUSE)
             return
         with conn:
             try:
@@ -87,8 +94,15 @@ def _bind(path: str) -> socket.socket:
         os.unlink(path)  # a stale socket of an agent that died
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        sock.bind(path)
-        os.chmod(path, SOCKET_MODE)
+        # Born with its final mode: a chmod after bind would leave a moment in which the
+        # socket has the process umask's looser mode. The umask is process-wide, but the
+        # agent binds before it starts removing anything, and a narrower umask only
+        # ever takes permissions away.
+        old = os.umask(0o777 & ~SOCKET_MODE)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
         sock.listen(16)
     except OSError as err:
         sock.close()
@@ -129,23 +143,40 @@ def render(status: dict) -> str:
             out.append("  dry run:  nothing is removed")
     else:
         out.append("no agent answers: a one-shot scan shows what it would find (nothing removed)")
+        skipped = status.get("skipped_markers")
+        if skipped:
+            noun = "marker" if skipped == 1 else "markers"
+            out.append(f"  {skipped} {noun} skipped; `exitwatch reap --dry-run` lists them")
     docker = status.get("docker") or {}
     if docker:
         health = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"
         extra = f", {docker['reconnects']} reconnects" if docker.get("reconnects") else ""
         out.append(f"  docker:   {docker.get('endpoint')}: {health}{extra}")
+    discovery = (status.get("workdirs") or {}).get("discovery")
+    if discovery:
+        out.append(f"  workdirs: {discovery}")
+    rescans = status.get("processes")
+    if rescans and rescans.get("failing"):
+        out.append(
+            f"  leftover processes: rescan FAILING ({rescans['failing']} times in a row: "
+            f"{rescans.get('last_error')})"
+        )
+    elif rescans:
+        out.append(f"  leftover processes: rescanned every {rescans['interval_s']:g} s")
     counters = status.get("counters")
     if counters:
         out.append(
             "  counters: "
             + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(counters.items()))
         )
+    if status.get("reconcile"):
+        out.append(f"  reconcile: {_reconcile(status['reconcile'])}")
     owners = status.get("owners", [])
-    out.append(f"\nowners watched: {len(owners)}")
+    out += ["", f"owners watched: {len(owners)}"]
     for owner in owners:
         out.extend(_owner_lines(owner))
     pending = status.get("pending", [])
-    out.append(f"\norphans pending: {len(pending)}")
+    out += ["", f"orphans pending: {len(pending)}"]
     for item in pending:
         line = f"  {item['owner']} ({item.get('death', 'dead')}): {', '.join(item['what'])}"
         if item.get("attempt"):
@@ -153,14 +184,43 @@ def render(status: dict) -> str:
         out.append(line)
     reaps = status.get("reaps")
     if reaps is not None:
-        out.append(f"\nrecent removals: {len(reaps)}")
+        out += ["", f"recent removals: {len(reaps)}"]
         for reap in reaps:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(reap["time"]))
             out.append(
                 f"  {when} {reap['result']}: {reap['what']} owner={reap['owner']} "
                 f"death={reap['death']!r} latency={reap['latency_ms']} ms"
             )
-    return "\n".join(out)
+    # Paths, project names and errors come from users; each line reaches a terminal.
+    return "\n".join(map(_escaped, out))
+
+
+def _escaped(line: str) -> str:
+    """`line` with every unprintable character (ESC, CSI, a newline, a bidi override)
+    written as its escape, so no user-chosen name can drive the operator's terminal."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+
+
+def _reconcile(rec: dict) -> str:
+    every = f"every {rec['interval_s']:g} s" if rec.get("interval_s") else "only at start"
+    last = rec.get("last")
+    if not last:
+        return f"{every}; the start-up listing is not in yet"
+    when = time.strftime("%H:%M:%S", time.localtime(last["at"]))
+    if last.get("start_up"):
+        text = f"{every}; last at start, {when}"
+    else:
+        text = (
+            f"{every}; last {when}: {last['listed']} listed in {last['took_s']} s, "
+            f"{last['missed']} unknown to the index, {last['orphaned']} of dead owners"
+        )
+        if last.get("errors"):
+            text += f"; could not list {'; '.join(last['errors'])}"
+    if rec.get("running"):
+        text += "; one is listing now"
+    return text
 
 
 def _owner_lines(owner: dict) -> list[str]:
@@ -169,9 +229,8 @@ def _owner_lines(owner: dict) -> list[str]:
         project = f", project {c['project']}" if c.get("project") else ""
         lines.append(f"    container {c['id'][:12]} ({c['name']}{project})")
     lines.extend(f"    workdir {w}" for w in owner.get("workdirs", []))
-    for key, items in owner.items():  # kinds beyond these two, e.g. "hooks"
-        if key not in ("containers", "workdirs") and isinstance(items, list):
-            lines.extend(f"    {key.removesuffix('s')} {item}" for item in items)
+    lines.extend(f"    hook {h}" for h in owner.get("hooks", []))
+    lines.extend(f"    {p}" for p in owner.get("processes", []))
     return lines
 
 

@@ -16,6 +16,8 @@
 #
 # The engine touches as little of the host as it can: no iptables rules, no docker0 bridge,
 # no ip_forward change, and its own (empty) daemon.json so /etc/docker/daemon.json is ignored.
+# EXITWATCH_TEST_BRIDGE=NAME gives it a default bridge network on the existing bridge NAME
+# (with an IPv4 address) instead of none, for runners that `docker run --network bridge`.
 #
 # The test image, exitwatch-test/busybox:latest, needs no registry: a rootfs of busybox-static
 # and its applet links in /bin, imported with `docker import`. Its default command sleeps
@@ -92,7 +94,7 @@ start() {
             --exec-root "$dir/exec" \
             --pidfile "$dir/dockerd.pid" \
             --storage-driver overlay2 \
-            --iptables=false --ip-forward=false --bridge=none \
+            --iptables=false --ip-forward=false --bridge="${EXITWATCH_TEST_BRIDGE:-none}" \
             --shutdown-timeout 2 \
             </dev/null >>"$dir/dockerd.log" 2>&1 &
         pid=$!

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,12 @@ import pytest
 import test_workdirs
 from test_workdirs import as_user, digest, swapping_as
 
-from exitwatch.contract import MARKER
+from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.owner import Owner, owner_of
+from exitwatch.resources.workdirs import Workdirs
 
 from agentproc import Agent, running
-from procs import wait_for
+from procs import kill, spawn_owner, wait_for
 
 # The attacker and the victim tree of the workdir tests, as fixtures here too.
 attacker = test_workdirs.attacker
@@ -211,3 +213,165 @@ def test_workdir_swapped_for_a_symlink_during_removal(agent, root, victim, attac
             swapper.stdout.close()
         assert digest(victim) == before, f"iteration {i}: the victim changed"
         (victim / MARKER).unlink()
+
+
+EXITWATCH = [sys.executable, "-m", "exitwatch"]
+
+
+# A marker hides what lies below its directory only when it validly claims that directory.
+
+
+def _victims_workdir(parent: Path, name: str) -> tuple[Path, object]:
+    """A workdir of user 4242 (directory and marker), owned by a live process of its."""
+    owner = spawn_owner()
+    wd = parent / name
+    wd.mkdir()
+    (wd / "data").write_text("theirs")
+    mark_workdir(wd, owner.pid)
+    for path in (wd, wd / "data", wd / MARKER):
+        os.chown(path, 4242, 4242)
+    return wd, owner
+
+
+@pytest.mark.parametrize("marker", ["garbage", "the attacker's own live owner"])
+def test_a_marker_above_someone_elses_workdir_hides_nothing(agent, root, attacker, marker):
+    shared = root / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    vwork, victim_owner = _victims_workdir(shared, "vwork")
+    agent.wait_holding(victim_owner.pid, workdirs=1)
+    body = "garbage" if marker == "garbage" else '"$body"'
+    attacker_owner = AttackerOwner(attacker, root, f"printf %s {body} > shared/{MARKER}")
+    if marker == "garbage":
+        agent.wait_log("shared/.exitwatch-owner is not JSON")
+    else:
+        agent.wait_holding(attacker_owner.proc.pid, workdirs=1)
+        agent.wait_log("shared/.exitwatch-owner belongs to uid")
+    assert [str(vwork)] == next(
+        o["workdirs"] for o in agent.status()["owners"] if o["pid"] == victim_owner.pid
+    )
+    assert str(vwork) in {r.key for r in Workdirs([str(root)]).scan().resources}
+    kill(victim_owner)
+    assert "reaped workdir" in outcome(agent, vwork)
+    assert not vwork.exists() and (shared / MARKER).exists()
+    attacker_owner.kill()
+
+
+def test_a_nested_workdir_of_a_dead_owner_is_not_left_for_good(agent, root, attacker, engine):
+    outer = AttackerOwner(attacker, root, f'mkdir -p out/in && printf %s "$body" > out/{MARKER}')
+    inner = AttackerOwner(
+        attacker, root, f'touch out/in/data && printf %s "$body" > out/in/{MARKER}'
+    )
+    agent.wait_holding(outer.proc.pid, workdirs=1)
+    # The inner owner lives when the outer one dies: its workdir stays, and so does the
+    # outer one, marker included, to be found again.
+    outer.kill()
+    line = outcome(agent, root / "out")
+    assert "refused workdir" in line and "who is alive" in line
+    assert (root / "out" / "in" / "data").exists() and (root / "out" / MARKER).exists()
+    inner.kill()
+    # The next reconcile (at start, or `exitwatch reap`) takes both: the inner owner is dead.
+    done = subprocess.run(
+        [*EXITWATCH, "reap", "--workdir-root", str(root), "--docker-host", engine.host],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (root / "out").exists()
+
+
+_ESCAPES = "x\x1b]0;OWNED\x07\x1b[2J\x9b31m"
+
+
+def test_status_shows_escape_sequences_in_workdir_names_escaped(agent, root, attacker):
+    owner = AttackerOwner(
+        attacker, root, f'mkdir "$1" && printf %s "$body" > "$1/{MARKER}"', _ESCAPES
+    )
+    agent.wait_holding(owner.proc.pid, workdirs=1)
+    shown = subprocess.run(
+        [*agent.argv[:3], "status", "--status-socket", agent.flag("--status-socket")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert repr(_ESCAPES)[1:-1] in shown
+    assert not {"\x1b", "\x07", "\x9b"} & set(shown)
+    owner.kill()
+
+
+def test_status_shows_escape_sequences_in_pending_orphans_escaped(root, attacker, engine, tmp_path):
+    owner = AttackerOwner(
+        attacker, root, f'mkdir "$1" && printf %s "$body" > "$1/{MARKER}"', _ESCAPES
+    )
+    owner.kill()
+    config = tmp_path / "config.toml"
+    config.write_text(f'workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n')
+    done = subprocess.run(
+        [*EXITWATCH, "status", "--config", str(config), "--status-socket", tmp_path / "none"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stderr
+    pending = done.stdout.split("orphans pending: 1", 1)[1]
+    assert repr(_ESCAPES)[1:-1] in pending
+    assert not {"\x1b", "\x07", "\x9b"} & set(done.stdout)
+
+
+_CHAIN = (
+    "import os, sys\n"
+    "os.chdir(sys.argv[1])\n"
+    "for _ in range(int(sys.argv[2])):\n"
+    "    os.mkdir('d' * 255)\n"
+    "    os.chdir('d' * 255)\n"
+)
+DEPTH = 4000
+PEAK_RSS_LIMIT_KB = 100 * 1024
+
+
+def _peak_rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+def test_a_deep_tree_of_long_names_is_removed_in_bounded_memory(agent, root, attacker):
+    # A path through it is a megabyte long: a string per level would cost gigabytes.
+    owner = AttackerOwner(
+        attacker,
+        root,
+        f'mkdir deep && {test_workdirs.SYSTEM_PYTHON} -I -S -c "$1" deep {DEPTH}'
+        f' && printf %s "$body" > deep/{MARKER}',
+        _CHAIN,
+    )
+    agent.wait_holding(owner.proc.pid, workdirs=1)
+    owner.kill()
+    assert "reaped workdir" in outcome(agent, root / "deep")
+    assert not (root / "deep").exists()
+    peak = _peak_rss_kb(agent.pid)
+    assert peak < PEAK_RSS_LIMIT_KB, f"the agent's peak RSS was {peak} KiB"
+
+
+def test_status_since_as_a_user_who_may_not_read_the_audit_log_is_one_line(root, attacker, engine):
+    private = Path(tempfile.mkdtemp(prefix="exitwatch-audit-", dir="/tmp"))  # 0700, root's
+    try:
+        (private / "audit.jsonl").write_text("")
+        config = root / "config.toml"
+        config.write_text(
+            f'workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n'
+            f'audit_log = "{private}/audit.jsonl"\n'
+        )
+        os.chmod(config, 0o644)
+        script = (
+            f'PYTHONPATH="$1" exec {test_workdirs.SYSTEM_PYTHON} -m exitwatch status'
+            ' --since 1h --config "$2" --status-socket "$3"'
+        )
+        args = (str(Path(__file__).resolve().parent.parent), str(config), str(root / "none"))
+        proc = as_user(attacker, script, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        shutil.rmtree(private)
+    assert proc.returncode == 1, err
+    assert err.decode().splitlines() == [
+        f"Error: cannot read the audit log {private}/audit.jsonl: Permission denied"
+    ]

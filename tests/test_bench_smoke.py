@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ ENGINE_SH = ROOT / "tests" / "engine.sh"
 
 pytestmark = pytest.mark.engine
 
-SECTIONS = {"latency", "storm", "idle", "scale", "hooks"}
+SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "wrapper"}
 DIST = {"n", "p50", "p95", "p99", "max", "mean"}
 
 
@@ -80,22 +81,39 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
         if "unavailable" in r:
             assert r["source"] == "ebpf", r  # netlink and poll run on every test host
             continue
-        for key in ("container_ms", "workdir_ms", "floor_api_ms", "floor_cli_ms"):
+        for key in ("container_ms", "workdir_ms", "floor_api_ms", "floor_cli_ms", "overhead_ms"):
             _dist(r[key])
         assert r["container_ms"]["n"] + r["missed"] == r["trials"]
+        # One paired difference per trial that was not missed.
+        assert r["overhead_ms"]["n"] == r["container_ms"]["n"]
 
     for r in results["sections"]["storm"]:
         if "unavailable" in r:
             continue
         assert r["exits"] > r["owners"]
         assert r["container_ms"]["n"] <= r["owners"] and r["missed"] <= r["owners"]
-        assert {"agent", "floor"} <= set(r["cpu_s_per_100k_exits"])
+        readers = {"agent", "floor"} | ({"forkstat"} if shutil.which("forkstat") else set())
+        assert readers <= set(r["cpu_s_per_100k_exits"])  # every storm has its own
+        assert r["events_lost"] >= 0 and r["resyncs"] >= 0
+        if r["variant"] == "netlink-nofilter":
+            assert r["exit_filter"] is False
+            assert "the benchmark turned the exit-only filter off" in r["source_line"]
+            assert "< 6.6" not in r["source_line"]
+        elif r["variant"] == "netlink":
+            assert r["exit_filter"] is True
 
     idle = results["sections"]["idle"]
     assert idle["watching"] == idle["owners"] and idle["rss_mb"] > 0
     scale = results["sections"]["scale"]
     assert scale["reconcile"]["ratio"] > 0 and scale["workdirs"]["ratio"] > 0
     assert scale["bulk"]["ours_s"] is not None and scale["bulk"]["baseline_s"] is not None
+    run = results["sections"]["wrapper"]
+    assert run["client_failures"] == 0 and run["wrapper_exit"] == 0 and run["wrapper_rss_mb"] > 0
+    assert run["stream"]["ratio"] > 0
+    for part in ("create_start_ms", "ping_ms"):
+        for key in ("direct", "run", "overhead"):
+            _dist(run[part][key])
+        assert run[part]["overhead"]["n"] == run[part]["direct"]["n"] > 0
 
     for r in results["sections"]["hooks"]:
         _dist(r["hook_ms"])

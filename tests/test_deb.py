@@ -205,8 +205,13 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
         "/etc/exitwatch/config.toml",
         "/usr/share/man/man8/exitwatch.8.gz",
         "/var/lib/exitwatch",
+        "/usr/share/exitwatch/prometheus/exitwatch.rules.yml",
+        "/usr/share/exitwatch/grafana/exitwatch.json",
     ):
         assert path in paths
+    # The rules as installed, with their unit tests beside them, still pass.
+    tests = "/usr/share/exitwatch/prometheus/exitwatch.rules.test.yml"
+    assert run(["promtool", "test", "rules", tests], env=DEBIAN_ENV, check=False).returncode == 0
     conffiles = run(["dpkg-query", "-W", "-f=${Conffiles}", "exitwatch"]).stdout
     assert "/etc/exitwatch/config.toml" in conffiles
     # Enabled on install, even where systemd is not running to start it.

@@ -17,7 +17,8 @@ import pytest
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
-from exitwatch.resources.docker import Containers, EngineError, json_array
+from exitwatch.resources.docker import Containers
+from exitwatch.resources.engine import EngineError, json_array
 
 from conftest import PrivateEngine
 from procs import kill, spawn_owner, wait_for
@@ -385,6 +386,89 @@ def test_dry_run_leaves_a_compose_project_whole(
     assert all(o.ok and "dry run" in o.detail for o in outcomes)
     assert project_containers(engine, project) == before
     assert project_networks(engine, project) == [f"{project}_inner"]
+
+
+# A project name is no identity: compose defaults it to the directory's basename.
+PROD_YML = """\
+version: "2.4"
+services:
+  db:
+    image: exitwatch-test/busybox:latest
+    volumes: ["/data"]
+"""
+EVAL_YML = """\
+version: "2.4"
+services:
+  main:
+    image: exitwatch-test/busybox:latest
+    labels:
+      exitwatch.owner: ${EXITWATCH_OWNER}
+  helper:
+    image: exitwatch-test/busybox:latest
+"""
+
+
+def _compose_dir(path: Path, yml: str) -> Path:
+    path.mkdir()
+    (path / "docker-compose.yml").write_text(yml)
+    return path
+
+
+def test_a_project_of_the_same_name_elsewhere_is_refused_not_removed(
+    engine: PrivateEngine, kind: Containers, tmp_path: Path
+) -> None:
+    project = f"ew{uuid.uuid4().hex[:10]}"
+    # A long-running, unlabelled production project, up before the eval's owner started.
+    prod = _compose_dir(tmp_path / "prod", PROD_YML)
+    engine.compose("-p", project, "up", "-d", cwd=prod)
+    prod_db = project_containers(engine, project)["db"]
+    child = spawn_owner()
+    evaluation = _compose_dir(tmp_path / "eval", EVAL_YML)
+    engine.compose(
+        "-p", project, "up", "-d", cwd=evaluation, env={"EXITWATCH_OWNER": str(child.owner)}
+    )
+    ours = project_containers(engine, project)
+    kill(child)
+
+    outcomes = kind.remove(child.owner, held_by(kind, child.owner), dry_run=False)
+
+    assert project_containers(engine, project) == {"db": prod_db}
+    assert project_networks(engine, project) == [f"{project}_default"]
+    by_what = {o.what: o for o in outcomes}
+    assert by_what[f"container {ours['main'][:12]} ({project}_main_1)"].ok
+    assert by_what[f"container {ours['helper'][:12]} ({project}_helper_1)"].ok
+    refused = by_what[f"container {prod_db[:12]} ({project}_db_1)"]
+    assert refused.refused and not refused.ok
+    assert f"working directory and config files ({prod})" in refused.detail
+    [whole] = [o for o in outcomes if o.kind == "project"]
+    assert whole.refused and prod_db[:12] in whole.detail
+
+
+def test_an_unlabelled_sibling_older_than_the_owner_is_refused(
+    engine: PrivateEngine, kind: Containers, tmp_path: Path
+) -> None:
+    project = f"ew{uuid.uuid4().hex[:10]}"
+    here = _compose_dir(tmp_path / "app", EVAL_YML)
+    # Same directory, same files: only the order of the starts tells them apart.
+    engine.compose("-p", project, "up", "-d", "helper", cwd=here, env={"EXITWATCH_OWNER": ""})
+    older = project_containers(engine, project)["helper"]
+    child = spawn_owner()
+    engine.compose(
+        "-p", project, "up", "-d", "main", cwd=here, env={"EXITWATCH_OWNER": str(child.owner)}
+    )
+    main = project_containers(engine, project)["main"]
+    kill(child)
+
+    outcomes = kind.remove(child.owner, held_by(kind, child.owner), dry_run=False)
+
+    assert project_containers(engine, project) == {"helper": older}
+    assert project_networks(engine, project) == [f"{project}_default"]
+    [removed] = [o for o in outcomes if o.ok]
+    assert main[:12] in removed.what
+    refused = [o for o in outcomes if o.refused]
+    assert any(
+        older[:12] in o.what and "created before its owner started" in o.detail for o in refused
+    ), refused
 
 
 def test_json_array_yields_items_whatever_the_chunk_boundaries():

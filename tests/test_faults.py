@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -253,4 +257,115 @@ def test_a_removal_that_keeps_failing_is_retried_bounded_and_blocks_nothing(
     assert (second - first).total_seconds() >= 0.499
     assert (third - second).total_seconds() >= 1.999
     assert immutable.exists() and (stuck / ".exitwatch-owner").exists()
+    assert agent.alive()
+
+
+# The agent's fd table is full
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime (fields 14 and 15 of /proc/PID/stat) of the whole process."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _lowest_free_fd(pid: int) -> int:
+    used = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(n for n in range(len(used) + 1) if n not in used)
+
+
+def test_a_full_fd_table_delays_reaping_but_loses_nothing(engine, agents, workroot, tmp_path):
+    agent = start(agents, engine, workroot, tmp_path)
+    doomed, late = spawn_owner(), spawn_owner()
+    cid = container(engine, doomed.pid)
+    doomed_dir = workdir(workroot, doomed.pid, "doomed")
+    agent.wait_holding(doomed.pid, containers=1, workdirs=1)
+    soft, hard = (
+        int(v)
+        for v in subprocess.run(
+            [
+                "prlimit",
+                "--pid",
+                str(agent.pid),
+                "--nofile",
+                "--raw",
+                "--noheadings",
+                "--output=SOFT,HARD",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    )
+    # Every fd below the limit is in use: the next open() of any kind fails with EMFILE.
+    full = _lowest_free_fd(agent.pid)
+    subprocess.run(["prlimit", "--pid", str(agent.pid), f"--nofile={full}:{hard}"], check=True)
+    try:
+        kill(doomed)
+        agent.wait_log("Too many open files", "the agent to fail to read /proc")
+        late_dir = workdir(workroot, late.pid, "late")  # marked while nothing can be opened
+        agent.wait_log("now (Too many open files)", "discovery to fail to walk it")
+        assert exists(engine, cid) and doomed_dir.exists()
+        # A status client the agent cannot accept stays queued: it must not make the agent
+        # spin on its readable socket.
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(agent.flag("--status-socket"))
+            busy = _cpu_seconds(agent.pid)
+            begun = time.monotonic()
+            wait_for(lambda: time.monotonic() - begun >= 1.0, 2.0, "a second to pass")
+            busy = _cpu_seconds(agent.pid) - busy
+        assert busy < 0.5, f"the agent used {busy:.2f} s of CPU in 1 s, queued client pending"
+    finally:
+        subprocess.run(["prlimit", "--pid", str(agent.pid), f"--nofile={soft}:{hard}"], check=True)
+    # Neither the hint nor the new workdir was dropped: both are looked at again.
+    wait_gone(engine, [cid], [doomed_dir])
+    agent.wait_holding(late.pid, workdirs=1)
+    kill(late)
+    wait_gone(engine, paths=[late_dir])
+    assert agent.alive()
+
+
+# More directories than inotify watches
+
+
+def test_more_directories_than_watches_means_bounded_rescans_and_status_says_why(
+    engine, agents, workroot, tmp_path
+):
+    for i in range(8):
+        (workroot / f"dir-{i}").mkdir()
+    argv = agent_argv("poll", engine.host, workroot)
+    # The watch limit of a user namespace of the agent's own: the host's limit, which other
+    # agents on this machine live by, stays as it is.
+    script = 'echo 4 > /proc/sys/user/max_inotify_watches && exec "$@"'
+    agent = Agent(
+        ["unshare", "--user", "--map-root-user", "sh", "-c", script, "sh", *argv],
+        tmp_path / "agent.log",
+    )
+    agents.append(agent)
+    agent.wait_log("workdir discovery falls back to rescans: inotify watch limit reached")
+
+    def status() -> dict:
+        done = subprocess.run(
+            [*argv[:3], "status", "--json", "--status-socket", agent.flag("--status-socket")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return json.loads(done.stdout)
+
+    owner = spawn_owner()
+    late = workdir(workroot, owner.pid, "late")
+    wait_for(
+        lambda: any(o["pid"] == owner.pid for o in status()["owners"]), what="the rescan to find it"
+    )
+    shown = status()["workdirs"]["discovery"]
+    every, took = re.fullmatch(
+        r"rescans every (\S+) s \(the last took (\S+) s\): inotify watch limit reached", shown
+    ).groups()
+    # A rescan takes at most a tenth of the time between rescans, and they are a second apart
+    # at the least.
+    assert float(every) >= max(1.0, float(took) * 10 * 0.99), shown
+    kill(owner)
+    wait_gone(engine, paths=[late])
     assert agent.alive()

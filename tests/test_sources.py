@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from exitwatch.owner import Owner, death, owner_of
-from exitwatch.sources import MODES, pick, self_test
+from exitwatch.sources import MODES, ebpf, pick, self_test
 from exitwatch.sources import netlink as nl
 from exitwatch.sources.base import Exit, Hint, Lost, SourceError
 from exitwatch.sources.netlink import NetlinkSource
@@ -19,6 +19,8 @@ import procs
 from procs import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# As in test_ebpf.py: a missing object is a broken build, not a host without eBPF.
+EBPF_PROBLEM = ebpf.probe() if os.path.exists(ebpf.OBJ_PATH) else None
 
 
 class Hints:
@@ -406,6 +408,7 @@ def test_pick_falls_back_without_cap_net_admin():
     )
 
 
+@pytest.mark.skipif(EBPF_PROBLEM is not None, reason=f"eBPF unusable here: {EBPF_PROBLEM}")
 def test_pick_auto_prefers_ebpf_here():
     source, reason = pick("auto", poll_interval=1.0)
     assert source.name == "ebpf"

@@ -273,6 +273,30 @@ def test_scan_warns_on_an_unreadable_marker(
     )
 
 
+def test_a_marker_the_scanner_may_not_even_stat_is_skipped_not_fatal(
+    root: Path, attacker: pwd.struct_passwd, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Root meets EACCES where a user's FUSE mount (without allow_other) covers a marker.
+    # Without FUSE for users here, the scan runs with the attacker's effective uid, which
+    # may list this directory but not search it: stat of its marker fails the same way.
+    locked = marked(root / "locked")
+    good = marked(root / "good")
+    os.chmod(locked, 0o444)
+    os.setegid(attacker.pw_gid)
+    os.seteuid(attacker.pw_uid)
+    try:
+        snap = Workdirs([str(root)]).scan()
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+    assert keys(snap) == {str(good)}
+    assert any(
+        str(locked / MARKER) in r.getMessage() and "Permission denied" in r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+    )
+
+
 def test_log_lines_show_control_characters_in_paths_escaped(
     root: Path, owner: Owner, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -447,6 +471,50 @@ def test_start_sees_a_marker_made_in_place_without_a_rescan(
         what=f"a warning about the marker made as {what}",
     )
     assert what in hits[0]
+
+
+_LEASER = r"""
+import fcntl, os, signal, sys
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # told of each open that breaks the lease
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+print("leased", flush=True)
+sys.stdin.read()
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+"""
+
+
+def test_start_reads_again_a_marker_its_owner_held_a_lease_on(
+    root: Path,
+    attacker: pwd.struct_passwd,
+    running: Callable[[Workdirs], Changes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wd = root / "wd"
+    body = json.dumps({"owner": str(DEAD)})
+    run_as(attacker, 'mkdir "$1" && printf %s "$2" > "$1/.exitwatch-owner"', str(wd), body)
+    # A write lease makes every other open fail with EWOULDBLOCK until it is given up.
+    leaser = as_user(
+        attacker,
+        f'exec {SYSTEM_PYTHON} -I -S -c "$1" "$2"',
+        _LEASER,
+        str(wd / MARKER),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert leaser.stdout is not None and leaser.stdout.readline() == b"leased\n"
+        changes = running(Workdirs([str(root)]))
+        snap = changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+        assert keys(snap) == set()
+        assert any("unreadable" in r.getMessage() for r in caplog.records)
+    finally:
+        assert leaser.stdin is not None
+        leaser.stdin.close()
+        leaser.wait(timeout=30)
+        leaser.stdout.close()
+    # Nothing about the marker changed: only a look again finds it.
+    changes.wait(found(wd), "the workdir, once the lease is given up")
 
 
 def test_start_rescans_after_the_inotify_queue_overflows(
@@ -709,19 +777,23 @@ def test_remove_refuses_a_missing_or_malformed_marker(root: Path, owner: Owner) 
     assert bare.exists() and bad.exists()
 
 
-def test_remove_keeps_a_nested_workdir_of_another_owner(root: Path, owner: Owner) -> None:
+def test_remove_keeps_a_nested_workdir_of_another_owner_while_it_lives(
+    root: Path, owner: Owner
+) -> None:
     wd = marked(root / "wd")
     (wd / "mine").write_text("goes")
-    nested = marked(
-        wd / "theirs", json.dumps({"owner": str(Owner(current_boot_id(), 1, 1))}).encode()
-    )
+    alive = owner_of()
+    nested = marked(wd / "theirs", json.dumps({"owner": str(alive)}).encode())
     (nested / "data").write_text("stays")
+    dead = marked(wd / "dead", json.dumps({"owner": str(Owner(current_boot_id(), 1, 1))}).encode())
 
     [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
 
-    assert out.refused and "theirs" in out.detail and "another owner" in out.detail
+    assert out.refused and "theirs" in out.detail and "who is alive" in out.detail
     assert (nested / "data").read_text() == "stays"
     assert not (wd / "mine").exists()
+    # A nested workdir of a dead owner is not spared: it would leak for good.
+    assert not dead.exists()
 
 
 def test_dry_run_touches_nothing(root: Path, owner: Owner) -> None:

@@ -12,10 +12,11 @@ from exitwatch.owner import Owner
 
 @dataclass(frozen=True)
 class Resource:
-    kind: str  # "container" | "workdir" | "hook"
-    key: str  # container id, workdir path, or hook file name
+    kind: str  # a ResourceKind's `kind`: "container", "workdir", "hook", "process"
+    key: str  # container id, workdir path, hook file name, or "pid:starttime"
     owner: Owner
-    name: str = ""  # for people: container name, the path again, or a hook's id and command
+    name: str = ""  # for people: container name, the path again, "ID: COMMAND" of a hook,
+    # or "process PID (comm)"
     group: str | None = None  # compose project, where there is one
 
 

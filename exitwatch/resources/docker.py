@@ -3,29 +3,32 @@ that takes a compose project as a whole."""
 
 from __future__ import annotations
 
-import codecs
 import functools
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
 import docker.utils
-from docker.errors import APIError, DockerException, NotFound
-from requests import RequestException
-from urllib3.exceptions import HTTPError
+from docker.errors import APIError, NotFound
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner, OwnerError, death
+from exitwatch.resources import compose
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.resources.engine import (
+    DEFAULT_HOST,
+    ENGINE_ERRORS,
+    Engine,
+    EngineError,
+    engine_error,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "unix:///var/run/docker.sock"
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
 ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
@@ -35,123 +38,6 @@ STOP_DEADLINE = 1.0  # the events thread's share of the agent's 2 s; it is a dae
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
 SINCE_MARGIN_NS = 100_000_000
-
-# Read size for the container listing: some twenty containers' worth at a time, so its
-# decoding never holds much more than one chunk and the item being built.
-LISTING_CHUNK = 64 * 1024
-# What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
-ENGINE_ERRORS = (DockerException, RequestException, HTTPError, OSError, ValueError)
-
-
-class EngineError(Exception):
-    """The Docker engine did not answer, or refused. The message is one line naming it."""
-
-
-def _why(err: BaseException) -> str:
-    """One line saying what went wrong, from under the layers requests and urllib3 wrap."""
-    if isinstance(err, APIError):
-        return f"{err.explanation or err} (HTTP {err.status_code})"
-    todo: list[BaseException] = [err]
-    while todo:
-        cur = todo.pop(0)
-        if isinstance(cur, OSError) and cur.strerror:
-            return cur.strerror
-        todo += [a for a in cur.args if isinstance(a, BaseException)]
-        todo += [e for e in (cur.__cause__, cur.__context__) if e is not None]
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-class Engine:
-    """Exactly the Docker calls exitwatch makes, on one client (Ryuk's narrow interface).
-
-    The client is made on first use: making it asks the engine for its API version, which
-    fails while no engine answers, and the next call should simply try again.
-    """
-
-    def __init__(self, client_args: dict[str, Any], timeout: float, pool: int) -> None:
-        self._args, self._timeout, self._pool = client_args, timeout, pool
-        self._api: docker.APIClient | None = None
-        self._lock = threading.Lock()
-
-    def _client(self) -> docker.APIClient:
-        with self._lock:
-            if self._api is None:
-                self._api = docker.APIClient(
-                    version="auto", timeout=self._timeout, max_pool_size=self._pool, **self._args
-                )
-            return self._api
-
-    def ping(self) -> None:
-        self._client().ping()
-
-    def containers(self, label: str) -> list[dict[str, Any]]:
-        return list(self.each_container(label))
-
-    def each_container(self, label: str) -> Iterator[dict[str, Any]]:
-        """The containers with `label`, decoded one at a time as the listing streams in. A
-        host with thousands would otherwise hold the whole listing at once, as text and as
-        objects, and the process would keep that high-water mark for good."""
-        api = self._client()
-        params = {"all": 1, "filters": json.dumps({"label": [label]})}
-        response = api._get(api._url("/containers/json"), params=params, stream=True)
-        try:
-            api._raise_for_status(response)
-            yield from json_array(response.iter_content(LISTING_CHUNK))
-        finally:
-            response.close()
-
-    def events(self, since: str) -> Any:
-        """Create and destroy events of labelled containers, as a closable iterator."""
-        filters = {"type": "container", "label": LABEL_OWNER, "event": ["create", "destroy"]}
-        return self._client().events(since=since, filters=filters, decode=True)
-
-    def remove_container(self, cid: str) -> None:
-        self._client().remove_container(cid, force=True, v=True)
-
-    def networks(self, label: str) -> list[dict[str, Any]]:
-        return self._client().networks(filters={"label": label})
-
-    def remove_network(self, nid: str) -> None:
-        self._client().remove_network(nid)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._api is not None:
-                self._api.close()
-                self._api = None
-
-
-def json_array(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
-    """The objects of a JSON array of objects arriving in chunks, each as soon as it is
-    whole. Raises ValueError for anything else, or for a listing cut short."""
-    decoder = json.JSONDecoder()
-    text = codecs.getincrementaldecoder("utf-8")()
-    buf, opened = "", False
-    for chunk in chunks:
-        buf += text.decode(chunk)
-        pos = 0
-        while True:
-            while pos < len(buf) and buf[pos] in ", \t\r\n":
-                pos += 1
-            if pos == len(buf):
-                break
-            if not opened:
-                if buf[pos] != "[":
-                    raise ValueError(f"the listing is not a JSON array: {buf[pos:][:80]!r}")
-                opened, pos = True, pos + 1
-                continue
-            if buf[pos] == "]":
-                return
-            if buf[pos] != "{":
-                raise ValueError(f"the listing holds a non-object: {buf[pos:][:80]!r}")
-            try:
-                item, pos = decoder.raw_decode(buf, pos)
-            except json.JSONDecodeError:
-                break  # not whole yet
-            yield item
-        buf = buf[pos:]
-    raise ValueError(f"the listing ended before its closing bracket: {buf[:80]!r}")
 
 
 def _kept(labels: dict[str, str]) -> bool:
@@ -182,6 +68,14 @@ def _owner(cid: str, name: str, labels: dict[str, str], then: str) -> Owner | No
         return None
 
 
+def _labelled(listed: dict[str, Any], owner: Owner) -> bool:
+    """Whether a listed container carries `owner`'s label (kept or not)."""
+    try:
+        return Owner.parse((listed.get("Labels") or {}).get(LABEL_OWNER, "")) == owner
+    except OwnerError:
+        return False
+
+
 def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
     """The Resource for one labelled container; None when it is kept or its label is bad."""
     owner = None if _kept(labels) else _owner(cid, name, labels, "skipped")
@@ -206,7 +100,7 @@ def _attempt(call: Callable[[], None]) -> tuple[bool, str]:
         except NotFound:
             return True, "already gone"
         except ENGINE_ERRORS as err:
-            problem = _why(err)
+            problem = engine_error(err)
             # A refusal stays a refusal; 409 is mostly "removal already in progress".
             if isinstance(err, APIError) and err.is_client_error() and err.status_code != 409:
                 break
@@ -257,7 +151,7 @@ class Containers(ResourceKind):
         try:
             self._engine.ping()
         except ENGINE_ERRORS as err:
-            return f"no Docker engine answers at {self.host}: {_why(err)}"
+            return f"no Docker engine answers at {self.host}: {engine_error(err)}"
         return None
 
     def scan(self) -> Snapshot:
@@ -265,7 +159,7 @@ class Containers(ResourceKind):
         try:
             return _snapshot(self._engine)
         except ENGINE_ERRORS as err:
-            raise EngineError(f"docker engine at {self.host}: {_why(err)}") from err
+            raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -294,7 +188,7 @@ class Containers(ResourceKind):
             try:
                 stream.close()
             except ENGINE_ERRORS as err:
-                log.debug("closing the docker events stream: %s", _why(err))
+                log.debug("closing the docker events stream: %s", engine_error(err))
 
     def _watch(self, notify: Notify) -> None:
         delay = BACKOFF_MIN
@@ -310,7 +204,7 @@ class Containers(ResourceKind):
                 if self._stopping.is_set():
                     break
                 if isinstance(err, ENGINE_ERRORS):
-                    problem = _why(err)
+                    problem = engine_error(err)
                 else:  # a bug, ours or notify's: the thread must outlive it, and say so
                     log.exception("docker events thread: unexpected error")
                     problem = f"unexpected error: {err!r}"
@@ -369,6 +263,11 @@ class Containers(ResourceKind):
     def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
         if death(owner) is None:
             return [_refused(r, f"owner {owner} is alive") for r in resources]
+        return self.remove_ended(owner, resources, dry_run)
+
+    def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        """Remove what `owner` held once its run is over: the agent calls it when the owner
+        is dead, `exitwatch run` (the owner itself) when its command and all descendants are."""
         outcomes = [
             _refused(r, f"owned by {r.owner}, not {owner}") for r in resources if r.owner != owner
         ]
@@ -398,8 +297,8 @@ class Containers(ResourceKind):
             with ThreadPoolExecutor(self._workers, thread_name_prefix="exitwatch-rm") as pool:
                 outcomes += pool.map(one, doomed.items())
         for project in whole:
-            outcomes += self._remove_networks(project, dry_run)
-        return outcomes
+            outcomes += self._remove_networks(project, compose.started_at(owner), dry_run)
+        return outcomes + self._remove_labelled(owner, dry_run, outcomes)
 
     def _plan_project(
         self, owner: Owner, project: str, given: list[Resource]
@@ -410,7 +309,7 @@ class Containers(ResourceKind):
         try:
             listed = self._engine.containers(f"{LABEL_COMPOSE_PROJECT}={project}")
         except ENGINE_ERRORS as err:
-            why = f"listing compose project {project}: {_why(err)}"
+            why = f"listing compose project {project}: {engine_error(err)}"
             return {}, False, [_container(r.key, r.name, project, False, why) for r in given]
         why_dead = functools.cache(death)
         holders: list[str] = []  # why the project cannot go as a whole
@@ -441,17 +340,50 @@ class Containers(ResourceKind):
         # A project goes as a whole when a dead owner holds some of it and no live one any.
         if holders or not dead_held:
             return own, False, said
-        return own | rest, True, said
+        joined, refused = self._unlabelled(owner, project, listed, rest)
+        if refused:
+            names = ", ".join(o.what for o in refused)
+            why = f"not removed as a whole, networks included: {names} stay"
+            refused.append(Outcome(f"compose project {project}", "project", False, why, True))
+        return own | joined, not refused, said + refused
 
-    def _remove_networks(self, project: str, dry_run: bool) -> list[Outcome]:
+    def _unlabelled(
+        self, owner: Owner, project: str, listed: list[dict[str, Any]], rest: dict[str, str]
+    ) -> tuple[dict[str, str], list[Outcome]]:
+        """Which of `rest` go with the owner's project ({id: name}), and a refusal for each
+        unlabelled one not proven to be of the owner's instance of it (compose.py)."""
+        since = compose.started_at(owner)
+        owned = [compose.instance(c.get("Labels") or {}) for c in listed if _labelled(c, owner)]
+        joined, refused = {}, []
+        for c in listed:
+            cid, labels = c["Id"], c.get("Labels") or {}
+            if cid not in rest:
+                continue
+            why = None
+            if LABEL_OWNER not in labels:  # labelled ones are their own owners' business
+                why = compose.why_not_ours(labels, owned)
+                if why is None:
+                    try:
+                        why = compose.why_older(self._engine.created(cid), since)
+                    except ENGINE_ERRORS as err:
+                        why = f"its creation time cannot be read: {engine_error(err)}"
+            if why is None:
+                joined[cid] = rest[cid]
+            else:
+                what = f"not removed with compose project {project}: {why}"
+                refused.append(_container(cid, rest[cid], project, False, what, refused=True))
+        return joined, refused
+
+    def _remove_networks(self, project: str, since: float | None, dry_run: bool) -> list[Outcome]:
         """Remove the networks of a project whose containers were just removed, unless some
-        container is left: a kept one, one that would not go, or one created meanwhile."""
+        container is left (a kept one, one that would not go, or one created meanwhile), or
+        the network is older than the owner (compose.py)."""
         label = f"{LABEL_COMPOSE_PROJECT}={project}"
         try:
             nets = self._engine.networks(label)
             listed = [] if dry_run else self._engine.containers(label)
         except ENGINE_ERRORS as err:
-            why = f"listing compose project {project}: {_why(err)}"
+            why = f"listing compose project {project}: {engine_error(err)}"
             return [Outcome(f"networks of compose project {project}", "network", False, why)]
         left = ", ".join(_name(c) for c in listed)
         outcomes = []
@@ -460,7 +392,12 @@ class Containers(ResourceKind):
             said = functools.partial(
                 Outcome, f"network {net.get('Name', '')}", "network", extra=extra
             )
-            if dry_run:
+            why = compose.why_older(net.get("Created"), since)
+            if why is not None:
+                outcomes.append(
+                    said(False, f"not removed with compose project {project}: {why}", True)
+                )
+            elif dry_run:
                 outcomes.append(said(True, "dry run: would remove"))
             elif left:
                 outcomes.append(said(False, f"containers remain in the project: {left}", True))
@@ -468,6 +405,50 @@ class Containers(ResourceKind):
                 outcomes.append(
                     said(*_attempt(functools.partial(self._engine.remove_network, net["Id"])))
                 )
+        return outcomes
+
+    # -- what an ended run holds: networks and volumes are labelled as containers are ------
+
+    def owned(self, owner: Owner) -> list[Resource]:
+        """The containers labelled with `owner` now. Raises EngineError."""
+        try:
+            listed = self._engine.containers(f"{LABEL_OWNER}={owner}")
+        except ENGINE_ERRORS as err:
+            raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
+        found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
+        return [r for r in found if r is not None and r.owner == owner]
+
+    def _remove_labelled(self, owner: Owner, dry_run: bool, done: list[Outcome]) -> list[Outcome]:
+        """Remove the networks and volumes labelled with `owner` (a compose project's named
+        volumes and networks, or ones made by hand), once none of its containers is left.
+        Those already dealt with in `done` are skipped."""
+        label = f"{LABEL_OWNER}={owner}"
+        seen = {o.extra.get("id") for o in done}
+        try:
+            nets = [n for n in self._engine.networks(label) if n["Id"] not in seen]
+            vols = self._engine.volumes(label)
+            left = [] if dry_run or not (nets or vols) else self._engine.containers(label)
+        except ENGINE_ERRORS as err:
+            why = f"listing what owner {owner} labelled: {engine_error(err)}"
+            return [Outcome(f"networks and volumes of {owner}", "network", False, why)]
+        outcomes = []
+        for kind, items, key, call in (
+            ("network", nets, "Id", self._engine.remove_network),
+            ("volume", vols, "Name", self._engine.remove_volume),
+        ):
+            for item in items:
+                if _kept(item.get("Labels") or {}):
+                    continue
+                said = functools.partial(
+                    Outcome, f"{kind} {item.get('Name', '')}", kind, extra={"id": item[key]}
+                )
+                if dry_run:
+                    outcomes.append(said(True, "dry run: would remove"))
+                elif left:
+                    names = ", ".join(_name(c) for c in left)
+                    outcomes.append(said(False, f"containers of the owner remain: {names}", True))
+                else:
+                    outcomes.append(said(*_attempt(functools.partial(call, item[key]))))
         return outcomes
 
 

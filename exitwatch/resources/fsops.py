@@ -26,6 +26,8 @@ RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Errors that say "not now" (the fd table or memory is full), and nothing about the entry.
+TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN)
 
 IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_FROM = 0x00000040
@@ -53,15 +55,32 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
+# Prototyped once: a walk calls these 100,000 times, and ctypes' per-call conversions of
+# unprototyped calls cost more than the syscalls. syscall() is variadic: every argument is
+# declared at full register width.
+_syscall4 = ctypes.CFUNCTYPE(
+    ctypes.c_long,
+    ctypes.c_long,
+    ctypes.c_long,
+    ctypes.c_char_p,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    use_errno=True,
+)(("syscall", _libc))
+_inotify_add_watch = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, use_errno=True
+)(("inotify_add_watch", _libc))
+
+
+@functools.cache
+def _how(flags: int, resolve: int) -> _OpenHow:
+    return _OpenHow(flags, 0, resolve)  # cached: kept alive for as long as it is passed
+
+
 def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
-    how = _OpenHow(flags, 0, resolve)
-    # syscall() is variadic: pass every argument at full register width.
-    fd = _libc.syscall(
-        ctypes.c_long(_SYS_OPENAT2),
-        ctypes.c_long(dir_fd),
-        ctypes.c_char_p(os.fsencode(name)),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
+    how = _how(flags, resolve)
+    fd = _syscall4(
+        _SYS_OPENAT2, dir_fd, os.fsencode(name), ctypes.addressof(how), ctypes.sizeof(how)
     )
     if fd < 0:
         err = ctypes.get_errno()
@@ -129,8 +148,10 @@ def walk_dirs(
     """Call visit(fd, path, depth) on the open directory `fd` and on its subdirectories
     down to depth `limit`, below those for which visit returns True. Closes `fd`.
 
-    Symlinks, mount points and entries that vanish are skipped. At most one fd per level
-    is open at a time.
+    Symlinks, mount points and entries that vanish are skipped, and so, with a warning,
+    is a directory that cannot be opened (EACCES from a FUSE mount of another user's,
+    say). A TRANSIENT error (a full fd table) raises: what was not walked must not read
+    as empty. At most one fd per level is open at a time.
     """
     stack: list[tuple[int, str, int, Iterator[os.DirEntry[str]]]] = []
     try:
@@ -152,6 +173,8 @@ def walk_dirs(
                     try:
                         fd = open_dir(parent, entry.name)
                     except OSError as err:
+                        if err.errno in TRANSIENT:
+                            raise
                         if err.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
                             log.warning(
                                 "cannot open directory %s: %s", printable(path), err.strerror
@@ -196,23 +219,22 @@ class NotRegular(OSError):
     """The name is not a regular file; str() says what it is instead."""
 
 
-def read_regular(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_result]:
-    """Read at most `limit` + 1 bytes of the regular file `name` in `dir_fd`.
+def pin(dir_fd: int, name: str) -> int:
+    """An O_PATH descriptor of `name` in `dir_fd` (of the symlink itself, if it is one), to
+    fstat and then read_pinned. O_PATH opens nothing: no FIFO blocks, no device driver runs.
+    Raises OSError."""
+    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
-    The file is pinned with O_PATH (which opens nothing: no FIFO blocks, no device driver
-    runs), checked to be a regular file, and only then reopened for reading through
-    /proc/self/fd, so a swap between the check and the read cannot change what is read.
+
+def read_pinned(pfd: int, st: os.stat_result, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of the file pinned by `pfd`, whose fstat is `st`.
+
+    Raises NotRegular unless `st` is a regular file's; only then is it reopened for reading
+    through /proc/self/fd, so a swap after the check cannot change what is read.
     """
-    pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        st = os.fstat(pfd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegular(f"is {file_type(st.st_mode)}, not a regular file")
-        fd = os.open(
-            f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-        )
-    finally:
-        os.close(pfd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(f"is {file_type(st.st_mode)}, not a regular file")
+    fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         chunks, size = [], 0
         while size <= limit:
@@ -221,7 +243,11 @@ def read_regular(dir_fd: int, name: str, limit: int) -> tuple[bytes, os.stat_res
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return b"".join(chunks), st
+            # All that fstat saw: no second read just to meet the end of the file (a walk of
+            # 100,000 markers pays each syscall 100,000 times).
+            if size >= st.st_size:
+                break
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -233,54 +259,67 @@ def empty_dir(top: int, spare: Callable[[int], str | None], keep: str) -> list[L
     """Remove everything below the open directory `top` except its entry `keep`.
 
     Never follows a symlink and never enters another mount; `spare(fd)` may keep a
-    subdirectory by saying why. Returns what was left. An explicit stack with one open fd
-    at a time: going back up opens '..' and checks it is the directory we came from, so no
-    depth exhausts the Python stack or the fd table.
+    subdirectory by saying why (an OSError it raises leaves it too, to be tried again).
+    Returns what was left. An explicit stack with one open fd at a time: going back up
+    opens '..' and checks it is the directory we came from, so no depth exhausts the Python
+    stack or the fd table. Each level keeps only its own name: a path is built for a
+    message alone, so memory grows with the depth, not with its square.
     """
     left: list[Left] = []
     fd = os.dup(top)
     try:
         names = [n for n in os.listdir(fd) if n != keep]
+        # (name of this level, its stat, entries still to do, len(left) on entering it)
         stack: list[tuple[str, os.stat_result, list[str], int]] = [("", os.fstat(fd), names, 0)]
+
+        def rel(name: str | None = None) -> str:
+            parts = [level[0] for level in stack[1:]]
+            return "/".join(parts if name is None else [*parts, name])
+
         while stack:
-            rel, _, names, left_before = stack[-1]
+            _, _, names, left_before = stack[-1]
             if names:
                 name = names.pop()
-                sub_rel = f"{rel}/{name}" if rel else name
-                sub = _step(fd, name, sub_rel, spare, left)
+                sub = _step(fd, name, functools.partial(rel, name), spare, left)
                 if sub is not None:
                     os.close(fd)
                     fd = sub[0]
-                    stack.append((sub_rel, sub[1], sub[2], len(left)))
+                    stack.append((name, sub[1], sub[2], len(left)))
                 continue
-            stack.pop()
-            if not stack:
+            if len(stack) == 1:
                 break
             up = open_parent(fd)
-            ust, want = os.fstat(up), stack[-1][1]
+            ust, want = os.fstat(up), stack[-2][1]
             if (ust.st_dev, ust.st_ino) != (want.st_dev, want.st_ino):
                 os.close(up)
-                left.append((rel, "it was moved away during removal; stopped there", True))
+                left.append((rel(), "it was moved away during removal; stopped there", True))
                 break
             os.close(fd)
             fd = up
+            name = stack[-1][0]
             try:
-                os.rmdir(os.path.basename(rel), dir_fd=fd)
+                os.rmdir(name, dir_fd=fd)
             except FileNotFoundError:
                 pass
             except OSError as err:
                 # Not empty because of something already reported: say it once.
                 if err.errno != errno.ENOTEMPTY or len(left) == left_before:
-                    left.append((rel, err.strerror or str(err), False))
+                    left.append((rel(), err.strerror or str(err), False))
+            stack.pop()
     finally:
         os.close(fd)
     return left
 
 
 def _step(
-    fd: int, name: str, rel: str, spare: Callable[[int], str | None], left: list[Left]
+    fd: int,
+    name: str,
+    rel: Callable[[], str],
+    spare: Callable[[int], str | None],
+    left: list[Left],
 ) -> tuple[int, os.stat_result, list[str]] | None:
-    """Unlink entry `name` of `fd`, or open it when it is a directory to descend into."""
+    """Unlink entry `name` of `fd`, or open it when it is a directory to descend into;
+    `rel()` is its path below the emptied directory, for messages."""
     try:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if not stat.S_ISDIR(st.st_mode):
@@ -292,22 +331,22 @@ def _step(
         return None
     except OSError as err:
         if err.errno == errno.EXDEV:
-            left.append((rel, "a mount point or on another filesystem", True))
+            left.append((rel(), "a mount point or on another filesystem", True))
         elif err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-            left.append((rel, "it changed during removal", True))
+            left.append((rel(), "it changed during removal", True))
         else:
-            left.append((rel, err.strerror or str(err), False))
+            left.append((rel(), err.strerror or str(err), False))
         return None
     try:
         cst = os.fstat(child)
         if (cst.st_dev, cst.st_ino) != (st.st_dev, st.st_ino):
-            left.append((rel, "it changed during removal", True))
+            left.append((rel(), "it changed during removal", True))
         elif (why := spare(child)) is not None:
-            left.append((rel, why, True))
+            left.append((rel(), why, True))
         else:
             return child, cst, os.listdir(child)
     except OSError as err:
-        left.append((rel, err.strerror or str(err), False))
+        left.append((rel(), err.strerror or str(err), False))
     os.close(child)
     return None
 
@@ -338,9 +377,7 @@ class Inotify:
     def watch(self, fd: int, path: str, depth: int) -> None:
         """Watch the open directory `fd`, known as `path`, `depth` levels below the root of
         the tree. Raises OSError (ENOSPC: the watch limit is reached)."""
-        wd = _libc.inotify_add_watch(
-            self.fd, f"/proc/self/fd/{fd}".encode(), ctypes.c_uint32(_WATCH)
-        )
+        wd = _inotify_add_watch(self.fd, f"/proc/self/fd/{fd}".encode(), _WATCH)
         if wd < 0:
             err = ctypes.get_errno()
             why = "inotify watch limit reached" if err == errno.ENOSPC else os.strerror(err)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -20,13 +21,19 @@ from exitwatch.resources.discovery import wait
 
 log = logging.getLogger(__name__)
 
-POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
+POLL_INTERVAL = 1.0  # the least time between rescans when inotify cannot be used
+# A rescan may take at most this share of the time between rescans: a tree too big for the
+# watches is also too big to walk every second.
+RESCAN_SHARE = 0.1
+POLL_MAX = 60.0  # the most time between rescans (a new workdir waits at most this long)
+RECHECK = 2.0  # seconds before what could not be read is looked at again
 # IN_CREATE too: a marker made in place by link, symlink or mknod raises nothing else.
 _MARKER_CHANGED = fsops.IN_CREATE | fsops.IN_MOVED_TO | fsops.IN_CLOSE_WRITE
 _MARKER_CHANGED |= fsops.IN_DELETE | fsops.IN_MOVED_FROM
 _SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_UNMOUNT | fsops.IN_IGNORED
 
 Watch = Callable[[int, str, int], None]  # (open directory, its path, its depth)
+Mode = Callable[[str], None]  # told how discovery works now, for status
 
 
 class Tree(Protocol):
@@ -34,10 +41,12 @@ class Tree(Protocol):
 
     roots: tuple[str, ...]
     depth: int  # how many levels below its root a workdir may lie
+    unsure: set[str]  # directories whose marker could not be read: look again later
 
     def walk_roots(self, watch: Watch | None) -> dict[str, Resource]:
         """Every workdir below the roots, by path; `watch` sees each directory before it is
-        read, down to the depth limit but not below a marked one."""
+        read, down to the depth limit but not below one that `hides`. Raises OSError when
+        a directory could not be read for a reason other than its being gone."""
         ...
 
     def walk(self, path: str, depth: int, watch: Watch, fresh: bool) -> dict[str, Resource]:
@@ -45,8 +54,8 @@ class Tree(Protocol):
         or no longer a plain directory. `fresh`: its marker was just created in place."""
         ...
 
-    def marked(self, path: str) -> bool:
-        """Whether `path` held a marker when it was last walked."""
+    def hides(self, path: str) -> bool:
+        """Whether what lies below `path` was the content of a workdir when last walked."""
         ...
 
     def forget(self, path: str) -> None:
@@ -54,7 +63,7 @@ class Tree(Protocol):
         ...
 
 
-class _Fallback(Exception):
+class _Fallback(OSError):
     """inotify cannot follow the roots; the message says why."""
 
 
@@ -62,11 +71,11 @@ class _Overflow(Exception):
     """The inotify queue overflowed: changes were lost."""
 
 
-def follow(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
+def follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
     """Report the workdirs of `tree` to `notify` as resources of `kind` until `stop_fd`
-    becomes readable: a Snapshot first, then Found and Gone changes."""
+    becomes readable: a Snapshot first, then Found and Gone changes. `mode` is told how."""
     try:
-        _follow(tree, kind, notify, stop_fd)
+        _follow(tree, kind, notify, stop_fd, mode)
         return
     except _Fallback as err:
         reason = str(err)
@@ -75,11 +84,11 @@ def follow(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
     except Exception:
         log.exception("inotify workdir discovery failed")
         reason = "inotify discovery failed"
-    log.warning("workdir discovery falls back to rescans every %gs: %s", POLL_INTERVAL, reason)
-    _poll(tree, kind, notify, stop_fd)
+    log.warning("workdir discovery falls back to rescans: %s", reason)
+    _poll(tree, kind, notify, stop_fd, lambda every: mode(f"rescans every {every}: {reason}"))
 
 
-def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
+def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
     while True:  # one inotify instance per turn; an overflow starts afresh
         try:
             watcher = _Watcher(tree, kind, notify)
@@ -89,19 +98,32 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
             watcher.sync()
             roots = ", ".join(map(fsops.printable, tree.roots))
             log.info("following workdirs under %s with inotify", roots)
-            while not wait(stop_fd, watcher.ino.fd, None):
+            mode("inotify")
+            timeout: float | None = None
+            while not wait(stop_fd, watcher.ino.fd, timeout):
                 for wd, mask, name in watcher.ino.read():
                     watcher.handle(wd, mask, name)
+                timeout = watcher.recheck()
             return
         except _Overflow:
             log.warning("inotify queue overflowed: rescanning the workdir roots")
+        except OSError as err:
+            if isinstance(err, _Fallback) or err.errno not in fsops.TRANSIENT:
+                raise
+            # The first walk could not be done (a full fd table): nothing is concluded
+            # from it, and it is done again from the start.
+            log.warning("workdir discovery: %s; starting again in %g s", err, RECHECK)
+            mode(f"starting again: {err.strerror or err}")
+            if wait(stop_fd, None, RECHECK):
+                return
         finally:
             watcher.ino.close()
 
 
-def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
+def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
     known: dict[str, Resource] | None = None
     while True:
+        started = time.monotonic()
         try:
             found = tree.walk_roots(None)
         except OSError as err:
@@ -114,16 +136,20 @@ def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
                 notify(Snapshot(kind, tuple(found[p] for p in sorted(found))))
             else:
                 _report(kind, notify, known, found, known.keys() | found.keys())
-        if wait(stop_fd, None, POLL_INTERVAL):
+        took = time.monotonic() - started
+        every = min(POLL_MAX, max(POLL_INTERVAL, took / RESCAN_SHARE))
+        mode(f"{every:.3g} s (the last took {took:.3g} s)")
+        if wait(stop_fd, None, every):
             return
 
 
 class _Watcher:
     """One inotify instance following the roots; used by the discovery thread alone.
 
-    Every directory down to the depth limit is watched, a marked one too (to see its marker
-    go), but nothing below a marked one. An event that matters makes the directory it
-    concerns be looked at again.
+    Every directory down to the depth limit is watched, a workdir too (to see its marker
+    go), but nothing below a workdir that hides its content. An event that matters makes
+    the directory it concerns be looked at again; what could not be read is looked at
+    again after RECHECK.
     """
 
     def __init__(self, tree: Tree, kind: str, notify: Notify) -> None:
@@ -131,6 +157,8 @@ class _Watcher:
         self.ino = fsops.Inotify()
         self.known: dict[str, Resource] = {}
         self.visited: set[str] = set()
+        self.redo: dict[str, int] = {}  # directories whose walk failed, by depth
+        self.recheck_at = 0.0
 
     def sync(self) -> None:
         """Watch everything, then report the complete set: nothing is lost in between."""
@@ -163,15 +191,49 @@ class _Watcher:
         elif name == MARKER and depth:
             if mask & _MARKER_CHANGED:
                 self.refresh(path, depth, fresh=bool(mask & fsops.IN_CREATE))
-        elif mask & fsops.IN_ISDIR and depth < self.tree.depth and not self.tree.marked(path):
+        elif mask & fsops.IN_ISDIR and depth < self.tree.depth and not self.tree.hides(path):
             self.refresh(os.path.join(path, name), depth + 1)
+
+    def recheck(self) -> float | None:
+        """Look again at what could not be read, once RECHECK has passed; how long until
+        the next look, or None when nothing waits for one."""
+        if not self.redo and not self.tree.unsure:
+            return None
+        now = time.monotonic()
+        if now >= self.recheck_at:
+            self.recheck_at = now + RECHECK
+            todo = dict(self.redo)
+            for path in list(self.tree.unsure):
+                watched = self.ino.dirs.get(path)
+                if watched is not None:
+                    todo.setdefault(path, watched.depth)
+            for path, depth in todo.items():
+                self.refresh(path, depth)
+        if not self.redo and not self.tree.unsure:
+            return None
+        return max(0.0, self.recheck_at - time.monotonic())
 
     def refresh(self, path: str, depth: int, fresh: bool = False) -> None:
         """Look at `path` again: watch what is new below it, report what changed, and drop
-        what is gone or now lies below a workdir."""
+        what is gone or now lies below a workdir. A walk that fails changes nothing and is
+        tried again after RECHECK."""
         before = self.ino.subtree(path)
         self.visited = set()
-        found = self.tree.walk(path, depth, self.watch, fresh)
+        try:
+            found = self.tree.walk(path, depth, self.watch, fresh)
+        except _Fallback:
+            raise
+        except OSError as err:
+            if path not in self.redo:  # one warning until it can be walked again
+                log.warning(
+                    "cannot look at %s now (%s); looking again in %g s",
+                    fsops.printable(path),
+                    err.strerror or err,
+                    RECHECK,
+                )
+            self.redo[path] = depth
+            return
+        self.redo.pop(path, None)
         for p in before:
             if p not in self.visited:
                 self.ino.unwatch(p)

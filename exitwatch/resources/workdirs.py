@@ -15,6 +15,7 @@ import logging
 import os
 import stat
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from exitwatch.contract import MARKER, MARKER_MAX_BYTES
 from exitwatch.owner import Owner, OwnerError, death
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 KIND = "workdir"
 # Children of a dead owner may still be writing into its workdir: empty it this many times.
 REMOVE_PASSES = 3
+# Errors that say a directory is no longer a plain directory at that path: it is gone.
+# Anything else (EMFILE, ENOMEM, EACCES on a FUSE mount...) says nothing about it.
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV)
 
 
 class MarkerError(ValueError):
@@ -38,16 +42,41 @@ class MarkerError(ValueError):
 def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
     """The owner the marker in directory `dir_fd` names, and the marker's stat.
 
-    Raises FileNotFoundError when there is no marker, MarkerError when it is malformed.
+    Raises FileNotFoundError when there is no marker, MarkerError when it is malformed,
+    and another OSError when it cannot be read now (a lease, a full fd table): that says
+    nothing about the marker, so nothing may be concluded or remembered from it.
     """
+    pfd = fsops.pin(dir_fd, MARKER)
     try:
-        data, st = fsops.read_regular(dir_fd, MARKER, MARKER_MAX_BYTES)
-    except FileNotFoundError:
-        raise
+        st = os.fstat(pfd)
+        return _read_pinned(pfd, st), st
+    finally:
+        os.close(pfd)
+
+
+def _read_pinned(pfd: int, st: os.stat_result) -> Owner:
+    """The owner the marker pinned by `pfd` (of fstat `st`) names. Raises MarkerError, or
+    another OSError when it cannot be read now."""
+    try:
+        data = fsops.read_pinned(pfd, st, MARKER_MAX_BYTES)
     except fsops.NotRegular as err:
         raise MarkerError(str(err)) from None
-    except OSError as err:
-        raise MarkerError(f"is unreadable: {err.strerror}") from None
+    owner = _parsed.get(data)
+    if owner is None:
+        owner = _parse_marker(data)
+        if len(_parsed) >= PARSED_MAX:
+            _parsed.clear()
+        _parsed[data] = owner
+    return owner
+
+
+# Markers are few texts written many times (a runner marks all its workdirs alike): a walk
+# of 100,000 parses each text once. Only well-formed ones are kept; a bad one raises.
+PARSED_MAX = 4096
+_parsed: dict[bytes, Owner] = {}
+
+
+def _parse_marker(data: bytes) -> Owner:
     if len(data) > MARKER_MAX_BYTES:
         raise MarkerError(f"is larger than {MARKER_MAX_BYTES} bytes")
     try:
@@ -61,28 +90,54 @@ def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
     if not isinstance(body, dict) or not isinstance(body.get("owner"), str):
         raise MarkerError('has no "owner" string')
     try:
-        return Owner.parse(body["owner"]), st
+        return Owner.parse(body["owner"])
     except OwnerError as err:
         raise MarkerError(f"names a bad owner: {err}") from None
+
+
+def _claim(dst: os.stat_result, mst: os.stat_result) -> str | None:
+    """Why the marker `mst` cannot claim its directory `dst`, or None when it can.
+
+    Anyone may write a marker into a directory they can write to, but only the directory's
+    owner (or root) may claim it; a hard link would let a marker root wrote for one
+    directory claim another.
+    """
+    if mst.st_uid not in (dst.st_uid, 0):
+        return f"belongs to uid {mst.st_uid}, the directory to uid {dst.st_uid}"
+    if mst.st_nlink != 1:
+        return f"has {mst.st_nlink} hard links"
+    return None
 
 
 class _Refused(Exception):
     """A safety check leaves the workdir alone; the message says why."""
 
 
+class _Seen(NamedTuple):
+    """What a directory's marker was found to be, remembered while its stat stays."""
+
+    sig: tuple[int, ...]
+    res: Resource | None  # the workdir, when the marker names an owner
+    hides: bool  # a valid claim: what lies below is the workdir's own content
+
+
 class _Tree:
     """The workdirs below the roots, found by walking them (a workdir_watch.Tree).
 
     Markers are remembered between walks, so an unchanged one is neither read nor warned
-    about again; a directory is marked while it has an entry in `markers`. One per scan or
+    about again. A marker hides what lies below its directory only when it is a valid
+    claim (see _claim): anyone can write a marker into a shared directory, and that must
+    not hide the workdirs of others below it. A marker that cannot be read now is in
+    `unsure`: what was known of it stands until it is read again. One per scan or
     discovery thread.
     """
 
     def __init__(self, roots: tuple[str, ...], depth: int) -> None:
         self.roots, self.depth = roots, depth
-        self.markers: dict[str, tuple[tuple[int, ...], Resource | None]] = {}
-        self.previous: dict[str, tuple[tuple[int, ...], Resource | None]] = {}
+        self.markers: dict[str, _Seen] = {}
+        self.previous: dict[str, _Seen] = {}
         self.missing_roots: set[str] = set()
+        self.unsure: set[str] = set()
 
     def walk_roots(self, watch: Watch | None) -> dict[str, Resource]:
         self.previous, self.markers = self.markers, {}
@@ -91,6 +146,8 @@ class _Tree:
             try:
                 fd = fsops.open_under(root, ())
             except OSError as err:
+                if err.errno in fsops.TRANSIENT:
+                    raise
                 if root not in self.missing_roots:
                     log.warning("workdir root %s: %s; skipped", printable(root), err.strerror)
                 self.missing_roots.add(root)
@@ -106,15 +163,18 @@ class _Tree:
             return {}
         try:
             fd = fsops.open_under(*where)
-        except OSError:  # gone, or no longer a plain directory
-            return {}
+        except OSError as err:
+            if err.errno in _GONE:
+                return {}
+            raise
         return self._walk(fd, path, depth, watch, fresh)
 
-    def marked(self, path: str) -> bool:
-        return path in self.markers
+    def hides(self, path: str) -> bool:
+        seen = self.markers.get(path)
+        return seen is not None and seen.hides
 
     def forget(self, path: str) -> None:
-        self.markers.pop(path, None)
+        self._forget(path)
 
     def _walk(
         self, fd: int, path: str, depth: int, watch: Watch | None, fresh: bool
@@ -129,40 +189,86 @@ class _Tree:
                 watch(fd, at, depth)
             if not depth:
                 return True
-            marked, res = self._marker(fd, at, fresh and at == path)
-            if res is not None:
-                found[at] = res
-            return not marked
+            seen = self._marker(fd, at, fresh and at == path)
+            if seen.res is not None:
+                found[at] = seen.res
+            return not seen.hides
 
         fsops.walk_dirs(fd, path, depth, self.depth, visit)
         return found
 
-    def _marker(self, fd: int, path: str, fresh: bool) -> tuple[bool, Resource | None]:
-        """Whether directory `fd` (at `path`) is marked, and the workdir if well marked."""
+    def _marker(self, fd: int, path: str, fresh: bool) -> _Seen:
+        """What the marker of directory `fd` (at `path`) is, if it has one."""
+        unmarked = _Seen((), None, False)
         try:
-            st = os.stat(MARKER, dir_fd=fd, follow_symlinks=False)
+            pfd = fsops.pin(fd, MARKER)  # what is stat'ed is what is read
         except FileNotFoundError:
-            self.markers.pop(path, None)
-            return False, None
-        sig = (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            self._forget(path)
+            return unmarked
+        except OSError as err:
+            return self._unsure(path, err)
+        try:
+            return self._pinned(pfd, fd, path, fresh)
+        finally:
+            os.close(pfd)
+
+    def _pinned(self, pfd: int, fd: int, path: str, fresh: bool) -> _Seen:
+        unmarked = _Seen((), None, False)
+        try:
+            st = os.fstat(pfd)
+            dst = os.fstat(fd)
+        except OSError as err:
+            return self._unsure(path, err)
+        sig = (dst.st_uid, st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_uid)
+        sig += (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         old = self.markers.get(path) or self.previous.get(path)
-        if old is not None and old[0] == sig:
+        if old is not None and old.sig == sig:
             self.markers[path] = old
-            return True, old[1]
+            return old
+        where = printable(os.path.join(path, MARKER))
         try:
-            res: Resource | None = Resource(KIND, path, read_marker(fd)[0], name=path)
-        except FileNotFoundError:
-            return False, None
+            owner = _read_pinned(pfd, st)
         except MarkerError as err:
+            self.unsure.discard(path)
             if fresh and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 # Made in place, it may still be being written: not wrong yet. Closing it
                 # after writing brings it back (a hard link, with two, is already whole).
-                self.markers[path] = ((), None)  # marked, and read again next time
-                return True, None
-            log.warning("marker %s %s; workdir skipped", printable(os.path.join(path, MARKER)), err)
-            res = None
-        self.markers[path] = (sig, res)
-        return True, res
+                self.markers[path] = unmarked  # read again next time
+                return unmarked
+            log.warning("marker %s %s; workdir skipped", where, err)
+            self.markers[path] = _Seen(sig, None, False)
+            return self.markers[path]
+        except OSError as err:
+            return self._unsure(path, err)
+        self.unsure.discard(path)
+        why = _claim(dst, st)
+        if why is not None:
+            # Indexed all the same, so that its owner's death leaves a refusal on record.
+            log.warning(
+                "marker %s %s: it is not removed, and workdirs below it are looked for", where, why
+            )
+        self.markers[path] = _Seen(sig, Resource(KIND, path, owner, name=path), why is None)
+        return self.markers[path]
+
+    def _unsure(self, path: str, err: OSError) -> _Seen:
+        """The marker at `path` cannot be read now: what was known of it stands, and it is
+        looked at again soon (see workdir_watch)."""
+        if path not in self.unsure:
+            log.warning(
+                "marker %s is unreadable: %s; looked at again later",
+                printable(os.path.join(path, MARKER)),
+                err.strerror or err,
+            )
+        self.unsure.add(path)
+        old = self.markers.get(path) or self.previous.get(path)
+        if old is None:
+            return _Seen((), None, False)
+        self.markers[path] = old
+        return old
+
+    def _forget(self, path: str) -> None:
+        self.markers.pop(path, None)
+        self.unsure.discard(path)
 
 
 def _split(roots: Iterable[str], path: str) -> tuple[str, list[str]] | None:
@@ -185,6 +291,10 @@ class Workdirs(ResourceKind):
         self.roots = tuple(dict.fromkeys(os.path.realpath(r) for r in roots))
         self.depth = depth
         self._discovery = Discovery("workdir discovery", "exitwatch-workdirs")
+        self.discovery = "not started"  # how workdirs are followed now, and why; for status
+
+    def health(self) -> dict:
+        return {"discovery": self.discovery}
 
     # Discovery
 
@@ -194,7 +304,8 @@ class Workdirs(ResourceKind):
 
     def start(self, notify: Notify) -> None:
         tree = _Tree(self.roots, self.depth)
-        self._discovery.start(lambda stop_fd: follow(tree, KIND, notify, stop_fd))
+        mode = functools.partial(setattr, self, "discovery")
+        self._discovery.start(lambda stop_fd: follow(tree, KIND, notify, stop_fd, mode))
 
     def stop(self) -> None:
         self._discovery.stop()
@@ -210,6 +321,10 @@ class Workdirs(ResourceKind):
                 Outcome(f"workdir {printable(r.key)}", KIND, ok=False, detail=why, refused=True)
                 for r in resources
             ]
+        return self.remove_ended(owner, resources, dry_run)
+
+    def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
+        """Remove `owner`'s workdirs once its run is over (see Containers.remove_ended)."""
         return [self._remove_one(owner, res.key, dry_run) for res in resources]
 
     def _remove_one(self, owner: Owner, path: str, dry_run: bool) -> Outcome:
@@ -272,15 +387,9 @@ class Workdirs(ResourceKind):
             raise _Refused(f"its marker {err}") from None
         if marker_owner != owner:
             raise _Refused(f"its marker names owner {marker_owner}, not {owner}")
-        # Anyone may write a marker into a directory they can write to, but only its owner
-        # (or root) may claim it for removal.
-        if mst.st_uid not in (st.st_uid, 0):
-            raise _Refused(
-                f"its marker belongs to uid {mst.st_uid}, the directory to uid {st.st_uid}"
-            )
-        # A hard link would let a marker root wrote for one directory claim another.
-        if mst.st_nlink != 1:
-            raise _Refused(f"its marker has {mst.st_nlink} hard links")
+        why = _claim(st, mst)
+        if why is not None:
+            raise _Refused(f"its marker {why}")
         if dry_run:
             return Outcome(what, KIND, ok=True, detail="would remove")
         left: list[fsops.Left] = []
@@ -305,14 +414,23 @@ class Workdirs(ResourceKind):
 
 
 def _foreign(fd: int, owner: Owner) -> str | None:
-    """Why a nested directory is not ours to remove: another owner marked it."""
+    """Why a nested directory is not ours to remove: it is the workdir of another owner who
+    lives, or its marker is in doubt. A nested workdir of the same owner or of a dead one
+    goes with the outer one. Raises OSError when that cannot be told now."""
     try:
-        other = read_marker(fd)[0]
+        other, mst = read_marker(fd)
     except FileNotFoundError:
         return None
     except MarkerError as err:
         return f"it holds a marker that {err}"
-    return None if other == owner else f"it holds the marker of another owner, {other}"
+    if other == owner:
+        return None
+    why = _claim(os.fstat(fd), mst)
+    if why is not None:
+        return f"it holds a marker of another owner, {other}, that {why}"
+    if death(other) is None:
+        return f"it is the workdir of another owner, {other}, who is alive"
+    return None
 
 
 def _rmdir_same(parent: int, name: str, st: os.stat_result) -> bool:

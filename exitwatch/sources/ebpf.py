@@ -18,6 +18,7 @@ import logging
 import os
 import select
 import struct
+import sys
 import threading
 import time
 
@@ -122,6 +123,7 @@ class EbpfSource(Source):
             raise SourceError(f"libbpf 1.x not found: {err}") from None
         if not os.path.isfile(self.obj_path):
             raise SourceError(f"eBPF object {self.obj_path} is missing (build it: make bpf)")
+        _check_byte_order(self.obj_path)
         try:
             self._obj = lib.open_object(self.obj_path)
             watched = lib.find_map(self._obj, "watched")
@@ -342,6 +344,24 @@ def _group_exiting(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return all(_exiting(pid, tid) for tid in tids)
+
+
+def _check_byte_order(path: str) -> None:
+    """The committed object is little-endian bytecode (packaging/README.md); a big-endian
+    kernel would refuse it with an obscure error, so say it plainly."""
+    try:
+        with open(path, "rb") as f:
+            ident = f.read(6)
+    except OSError as err:
+        raise SourceError(f"cannot read {path}: {err.strerror}") from None
+    order = {b"\x01": "little", b"\x02": "big"}.get(ident[5:6]) if ident[:4] == b"\x7fELF" else None
+    if order is None:
+        raise SourceError(f"cannot open {path}: not an ELF object")
+    if order != sys.byteorder:
+        raise SourceError(
+            f"eBPF object {path} is {order}-endian bytecode and this host is {sys.byteorder}-"
+            "endian (install exitwatch-bpf, or rebuild it here: make -B bpf)"
+        )
 
 
 def feature() -> str:

@@ -1,0 +1,191 @@
+"""`exitwatch run`'s cost: the same Docker calls through a run's socket and directly, in the
+same run, against the same engine.
+
+- create+start: `create` then `start` of a container, alternated between the two sockets;
+  the overhead is the difference of their p95s. A `_ping` on a new connection, likewise,
+  shows the proxy's own cost apart from the engine's jitter.
+- stream: an exec's output of STREAM_BYTES read off its hijacked connection; the ratio of
+  the median throughputs.
+- concurrency: CLIENTS clients at once, each on a connection of its own, each creating,
+  starting, running an exec in and removing a container; every failure is counted.
+- the wrapper's peak RSS, sampled all along: while it serves, and with its cleanup, which
+  loads the Docker SDK that the agent's removal code uses.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import docker
+import psutil
+
+from bench import stats
+from bench.engine import IMAGE, Engine
+
+STREAM_BYTES = 256 * 1024 * 1024
+STREAM_ROUNDS = 4  # even: each socket goes first as often
+CLIENTS = 64
+# Waits for stdin to close, so the wrapper lives until the benchmark is done.
+HOLD = "import os, sys; print(os.environ['DOCKER_HOST'], flush=True); sys.stdin.read()"
+
+
+class _Peak(threading.Thread):
+    """Samples a process's RSS until stopped; the peak, in MB."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.proc, self.peak, self.done = psutil.Process(pid), 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+            except psutil.NoSuchProcess:
+                return
+
+    def mb(self) -> float:
+        self.done.set()
+        self.join()
+        return round(self.peak / 2**20, 1)
+
+
+def _create_start(api: docker.APIClient, made: list[str]) -> float:
+    t0 = time.perf_counter()
+    cid = api.create_container(IMAGE, "true")["Id"]
+    api.start(cid)
+    took = (time.perf_counter() - t0) * 1000
+    made.append(cid)
+    return took
+
+
+def _ping_ms(host: str, trials: int) -> list[float]:
+    """Round trips of _ping, each on a connection of its own as a docker CLI makes them."""
+    path = host.removeprefix("unix://")
+    out = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+            while s.recv(4096):
+                pass
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def _stream(api: docker.APIClient, cid: str, size: int) -> float:
+    """MB/s of an exec writing `size` bytes to its stdout, read raw off the connection."""
+    eid = api.exec_create(cid, ["head", "-c", str(size), "/dev/zero"])["Id"]
+    t0 = time.perf_counter()
+    sock = api.exec_start(eid, socket=True)
+    raw: socket.socket = getattr(sock, "_sock", sock)
+    buf = bytearray(1 << 20)
+    got = 0
+    while n := raw.recv_into(buf):
+        got += n
+    took = time.perf_counter() - t0
+    raw.close()
+    if got < size:  # the frame headers make it a little more
+        raise RuntimeError(f"the stream ended after {got} of {size} bytes")
+    return got / took / 1e6
+
+
+def _client_work(host: str, n: int) -> str | None:
+    """One client's round; None, or what failed."""
+    api = docker.APIClient(base_url=host, timeout=120)
+    try:
+        api.ping()
+        cid = api.create_container(IMAGE, "sleep 1000", name=f"bench-wrapper-{n}")["Id"]
+        api.start(cid)
+        eid = api.exec_create(cid, ["echo", f"client {n}"])["Id"]
+        out = api.exec_start(eid)
+        api.remove_container(cid, force=True)
+        return None if out == f"client {n}\n".encode() else f"client {n}: exec said {out!r}"
+    except Exception as err:
+        return f"client {n}: {type(err).__name__}: {err}"
+    finally:
+        api.close()
+
+
+def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "exitwatch", "run", "--", sys.executable, "-c", HOLD],
+        env=engine.env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    peak = _Peak(wrapper.pid)
+    peak.start()
+    made: list[str] = []
+    try:
+        proxied = wrapper.stdout.readline().strip()
+        direct_api = docker.APIClient(base_url=engine.host, timeout=300)
+        proxy_api = docker.APIClient(base_url=proxied, timeout=300)
+        direct, through, ping_d, ping_p = [], [], [], []
+        for n in range(trials):
+            # Each goes first in turn: the engine is still busy with the container before.
+            pair = [(direct, direct_api), (through, proxy_api)]
+            for times, api in pair if n % 2 else reversed(pair):
+                times.append(_create_start(api, made))
+            ping_d += _ping_ms(engine.host, 5)
+            ping_p += _ping_ms(proxied, 5)
+        cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]
+        made.append(cid)
+        direct_api.start(cid)
+        d_rate, p_rate = [], []
+        for n in range(STREAM_ROUNDS):
+            pair = [(d_rate, direct_api), (p_rate, proxy_api)]
+            for rates, api in pair if n % 2 else reversed(pair):
+                rates.append(_stream(api, cid, stream_bytes))
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            failures = [f for f in pool.map(_client_work, [proxied] * CLIENTS, range(CLIENTS)) if f]
+        direct_api.close()
+        proxy_api.close()
+    finally:
+        serving = round(peak.peak / 2**20, 1)  # before its cleanup imports the Docker SDK
+        wrapper.stdin.close()
+        wrapper.wait(timeout=120)
+        rss = peak.mb()
+        engine.remove(made)
+    return {
+        # Each create+start through the socket against the direct one run beside it.
+        "create_start_ms": {
+            "direct": stats.summary(direct),
+            "run": stats.summary(through),
+            "overhead": stats.paired(through, direct),
+        },
+        # The proxy's own cost, without the engine's work and its jitter around it.
+        "ping_ms": {
+            "direct": stats.summary(ping_d),
+            "run": stats.summary(ping_p),
+            "overhead": stats.paired(ping_p, ping_d),
+        },
+        "stream": {
+            "bytes": stream_bytes,
+            "direct_mb_s": round(statistics.median(d_rate), 1),
+            "run_mb_s": round(statistics.median(p_rate), 1),
+            "ratio": round(statistics.median(p_rate) / statistics.median(d_rate), 3),
+        },
+        "clients": CLIENTS,
+        "client_failures": len(failures),
+        "failures_shown": failures[:3],
+        "wrapper_rss_mb": serving,
+        "wrapper_rss_mb_with_cleanup": rss,
+        "wrapper_exit": wrapper.returncode,
+    }
+
+
+if __name__ == "__main__":  # a quick look: python -m bench.wrapper [ENGINE_DIR]
+    eng = Engine(sys.argv[1] if len(sys.argv) > 1 else "/tmp/exitwatch-bench-wrapper")
+    try:
+        print(run(eng, int(os.environ.get("BENCH_TRIALS", "30"))))
+    finally:
+        eng.close()

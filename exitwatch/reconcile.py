@@ -1,0 +1,174 @@
+"""The periodic reconcile: the safety net under the event path.
+
+Every `reconcile_interval` seconds each kind's scan() lists everything that exists, on a
+thread of its own so that the agent's loop keeps handling exits meanwhile, and the
+listings come back through the agent's queue as one `Scanned`. The agent then feeds them
+through the same path as the start-up listing, so whatever was missed, refused or given
+up is judged again.
+
+A listing is stale by the time it arrives: changes the loop handled while it was being
+made (a Found, a Gone, a finished removal, a watcher's own Snapshot) are newer, so they are
+journalled and laid over it before it is applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from exitwatch.record import Recorder
+from exitwatch.resources.base import Resource, ResourceKind, Snapshot
+
+log = logging.getLogger(__name__)
+
+# reconciles: start-up and periodic ones done; reconcile_missed: resources a periodic one
+# found that the index did not hold; reconcile_errors: periodic ones a kind failed to list.
+RECONCILE_COUNTERS = ("reconciles", "reconcile_missed", "reconcile_errors")
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """What one periodic reconcile listed, and what it could not list."""
+
+    run: int
+    snapshots: tuple[Snapshot, ...]
+    errors: tuple[str, ...]
+    took: float  # seconds the listings took
+
+
+class Periodic:
+    """When the next reconcile is due, its scanning thread, and what status shows of it.
+
+    Only the agent's loop thread calls it, except the scanning thread, which only submits.
+    """
+
+    def __init__(self, interval: float, kinds: Sequence[ResourceKind]) -> None:
+        self.interval = interval
+        self._kinds = list(kinds)
+        self._submit: Callable[[object], None] | None = None
+        self._next: float | None = None  # monotonic; None until the start-up listing is in
+        self._run = 0
+        self._scanning: int | None = None  # the run under way
+        # While a scan is under way: (kind, key) -> the newest Resource, or None once gone;
+        # and the kinds a watcher's own Snapshot has superseded.
+        self._journal: dict[tuple[str, str], Resource | None] = {}
+        self._superseded: set[str] = set()
+        self.last: dict | None = None
+
+    def start(self, submit: Callable[[object], None]) -> None:
+        """Reconcile periodically from now on (the one-shot reap never calls this)."""
+        self._submit = submit
+
+    def ready(self, now: float, recorder: Recorder) -> None:
+        """The start-up listing is in: it counts as the first reconcile."""
+        recorder.count("reconciles")
+        self.last = {"at": round(time.time(), 3), "run": 0, "start_up": True}
+        if self.interval > 0:
+            self._next = now + self.interval
+
+    def timeout(self, now: float) -> float | None:
+        """Seconds until the next reconcile is due, or None if none is."""
+        if self._submit is None or self._next is None or self._scanning is not None:
+            return None
+        return max(0.0, self._next - now)
+
+    def tick(self, now: float) -> None:
+        """Start the reconcile that is due, unless the previous one is still listing."""
+        due = self.timeout(now)
+        if due is None or due > 0:
+            return
+        self._run += 1
+        self._scanning = self._run
+        self._journal, self._superseded = {}, set()
+        threading.Thread(
+            target=self._scan,
+            args=(self._run, self._submit),
+            name="exitwatch-reconcile",
+            daemon=True,
+        ).start()
+
+    def _scan(self, run: int, submit: Callable[[object], None]) -> None:
+        at = time.monotonic()
+        snapshots, errors = [], []
+        for kind in self._kinds:
+            try:
+                snapshots.append(kind.scan())
+            except Exception as err:  # the engine is down, say: the other kinds go on
+                errors.append(f"{kind.kind}: {err}")
+        submit(Scanned(run, tuple(snapshots), tuple(errors), time.monotonic() - at))
+
+    # -- the loop thread tells what happened while a scan was under way --------------------
+
+    def changed(self, kind: str, key: str, res: Resource | None) -> None:
+        if self._scanning is not None:
+            self._journal[(kind, key)] = res
+
+    def replaced(self, kind: str) -> None:
+        """A watcher's own Snapshot of `kind` is newer than the scan's."""
+        if self._scanning is not None:
+            self._superseded.add(kind)
+
+    def merge(self, scanned: Scanned) -> list[Snapshot]:
+        """The scan's listings with the newer changes laid over them; ends the run."""
+        self._scanning = None
+        if self.interval > 0:
+            self._next = time.monotonic() + self.interval
+        out = []
+        for snap in scanned.snapshots:
+            if snap.kind in self._superseded:
+                continue
+            held = {r.key: r for r in snap.resources}
+            for (kind, key), res in self._journal.items():
+                if kind != snap.kind:
+                    continue
+                if res is None:
+                    held.pop(key, None)
+                else:
+                    held[key] = res
+            out.append(Snapshot(snap.kind, tuple(held.values())))
+        self._journal, self._superseded = {}, set()
+        return out
+
+    def finished(
+        self, scanned: Scanned, listed: int, missed: int, orphaned: int, recorder: Recorder
+    ) -> None:
+        """Count, log and keep for status what the reconcile found: `missed` resources the
+        index did not hold, `orphaned` of them owned by the dead (now being removed)."""
+        recorder.count("reconciles")
+        recorder.count("reconcile_missed", missed)
+        if scanned.errors:
+            recorder.count("reconcile_errors")
+        self.last = {
+            "at": round(time.time(), 3),
+            "run": scanned.run,
+            "took_s": round(scanned.took, 3),
+            "listed": listed,
+            "missed": missed,
+            "orphaned": orphaned,
+            "errors": list(scanned.errors),
+        }
+        problems = f"; could not list {'; '.join(scanned.errors)}" if scanned.errors else ""
+        log.log(
+            logging.WARNING if missed or scanned.errors else logging.INFO,
+            "reconcile: listed %d resources in %.1f s; %d were unknown to the index, %d of "
+            "them of dead owners%s",
+            listed,
+            scanned.took,
+            missed,
+            orphaned,
+            problems,
+        )
+
+    def describe(self) -> dict:
+        """What status shows: the interval, the last reconcile, when the next is due."""
+        now = time.monotonic()
+        next_in = None if self._next is None else round(max(0.0, self._next - now), 1)
+        return {
+            "interval_s": self.interval,
+            "running": self._scanning is not None,
+            "next_in_s": next_in if self.interval > 0 else None,
+            "last": self.last,
+        }

@@ -1,0 +1,273 @@
+"""`exitwatch run`: run a command as one owner, and remove what it leaves when it ends.
+
+The wrapper is the owner. CMD is its child, killed with it (parent-death signal); its Docker
+client is pointed at the run's socket (exitwatch.proxy), which labels what it creates, and its
+TMPDIR at a marked directory. When CMD ends, whatever the cause, the wrapper ends CMD's
+leftover descendants (it is their subreaper), removes the run's containers, networks, volumes
+and directories with the agent's own removal code, and exits with CMD's status. Were the
+wrapper killed instead, the agent finds all of it by the same label and markers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from exitwatch import procfs
+from exitwatch.contract import ENV_OWNER, mark_workdir
+from exitwatch.owner import Owner, OwnerError, owner_of
+from exitwatch.proxy import Proxy, ProxyError, engine_path, listen
+from exitwatch.resources.base import Outcome, Resource
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+SI_KERNEL = 0x80  # si_code of a signal the kernel sent: the tty's Ctrl-C, Ctrl-\, hangup
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+ESCALATE = (signal.SIGINT, signal.SIGTERM)  # a second one of these kills CMD
+WAITED = {*FORWARDED, signal.SIGCHLD}
+KILL_WAIT = 5.0  # seconds to wait for leftovers to die of SIGKILL before saying so
+SETUP_FAILED = 125  # the wrapper could not run CMD at all, as timeout(1) and env(1) say
+SOCKET_BASES = ("XDG_RUNTIME_DIR",)  # short directories for the socket, before /tmp
+PREFIX = "exitwatch-run-"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class RunError(Exception):
+    """The run cannot start; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    grace: float = 5.0  # seconds between SIGTERM and SIGKILL for leftover descendants
+    tmpdir: bool = True  # give CMD a fresh, marked TMPDIR
+
+
+def _prctl(option: int, arg: int) -> None:
+    if _libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _say(text: str) -> None:
+    print(f"exitwatch run: {text}", file=sys.stderr, flush=True)
+
+
+def _fresh_dir(base: str, owner: Owner) -> str:
+    """A new 0700 directory under `base`, marked with `owner` (its path has no symlinks, as
+    the workdir removal code wants)."""
+    path = tempfile.mkdtemp(prefix=PREFIX, dir=os.path.realpath(base))
+    mark_workdir(path, owner.pid)
+    return path
+
+
+def _socket_base(env: Mapping[str, str]) -> str:
+    for name in SOCKET_BASES:
+        base = env.get(name, "")
+        # Room for "/exitwatch-run-XXXXXXXX/docker.sock" within sun_path's 108 bytes.
+        if base.startswith("/") and len(base) < 60 and os.path.isdir(base):
+            return base
+    return "/tmp"
+
+
+def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.environ) -> int:
+    """Run `argv` as the run's command; its exit status (128+N for signal N), or 127/126
+    when it cannot be executed. Raises RunError, before running anything, when the run
+    cannot be set up."""
+    try:
+        owner = owner_of()
+        engine = engine_path(env)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except (OwnerError, ProxyError, OSError) as err:
+        raise RunError(str(err)) from None
+    # Signals are taken with sigwaitinfo, which says who sent each. Blocked from here on, a
+    # signal that comes during set-up waits for CMD; every thread inherits the mask.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
+    made: list[str] = []
+    try:
+        try:
+            made.append(_fresh_dir(_socket_base(env), owner))
+            listener = listen(made[0])
+            child_env = dict(env)
+            child_env["DOCKER_HOST"] = f"unix://{made[0]}/docker.sock"
+            child_env[ENV_OWNER] = child_env["EXITWATCH_RUN"] = str(owner)
+            if settings.tmpdir:
+                made.append(_fresh_dir(env.get("TMPDIR") or "/tmp", owner))
+                child_env["TMPDIR"] = made[1]
+        except ProxyError as err:
+            raise RunError(str(err)) from None
+        except OSError as err:
+            where = os.path.dirname(err.filename or "") or "?"
+            raise RunError(f"cannot make the run's directory in {where}: {err.strerror}") from None
+        proxy = Proxy(listener, engine, str(owner))
+        status = _supervise(argv, child_env, proxy, settings, old_mask)
+        proxy.stop()
+    finally:
+        _cleanup(owner, engine, made)
+    return status
+
+
+def _supervise(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    proxy: Proxy,
+    settings: Settings,
+    old_mask: set[signal.Signals],
+) -> int:
+    me = os.getpid()
+
+    def child() -> None:
+        # The parent-death signal follows the thread that forked: this main thread lives as
+        # long as the wrapper does.
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != me:  # the wrapper died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    try:
+        # Forked before the proxy's threads exist: the child runs Python code until exec.
+        proc = subprocess.Popen(list(argv), env=dict(env), preexec_fn=child)
+    except OSError as err:
+        _say(f"{argv[0]}: {err.strerror}")
+        return 127 if isinstance(err, FileNotFoundError) else 126
+    proxy.start()
+    status = _wait(proc)
+    _end_descendants(settings.grace)
+    return status
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    """Forward signals to CMD until it exits; its status, as a shell reports it."""
+    escalate = 0
+    while True:
+        info = signal.sigwaitinfo(WAITED)
+        if info.si_signo == signal.SIGCHLD:
+            status = _reap(proc.pid)
+            if status is not None:
+                proc.returncode = status  # reaped here, not by Popen
+                return status
+            continue
+        if info.si_code == SI_KERNEL:
+            continue  # from the tty to the whole foreground group: CMD has it already
+        sig = signal.Signals(info.si_signo)
+        if sig in ESCALATE:
+            escalate += 1
+        _signal(proc.pid, signal.SIGKILL if escalate > 1 else sig)
+
+
+def _signal(pid: int, sig: int) -> None:
+    # Exited (its SIGCHLD is on the way), or runs a setuid program of another uid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _reap(cmd: int) -> int | None:
+    """Reap every exited child (orphans adopted by the subreaper too); CMD's status, if it
+    was among them."""
+    found = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if pid == 0:
+            return found
+        if pid == cmd:
+            found = os.waitstatus_to_exitcode(status)
+            if found < 0:
+                found = 128 - found
+
+
+def _descendants() -> Iterator[tuple[int, int]]:
+    """(pid, start time) of every live process below this one, zombies left out."""
+    me = os.getpid()
+    children: dict[int, list[procfs.Stat]] = {}
+    for name in os.listdir(procfs.PROC):
+        if not name.isdigit():
+            continue
+        try:
+            st = procfs.read_stat(int(name))
+        except (ProcessLookupError, PermissionError):
+            continue
+        children.setdefault(st.ppid, []).append(st)
+    todo = list(children.get(me, ()))
+    while todo:
+        st = todo.pop()
+        todo += children.get(st.pid, ())
+        if st.state not in ("Z", "X", "x"):
+            yield st.pid, st.starttime
+
+
+def _kill(pid: int, starttime: int, sig: int) -> None:
+    """Signal the process `pid` if it is still the one that started at `starttime`."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        if procfs.read_stat(pid).starttime == starttime:
+            signal.pidfd_send_signal(fd, sig)
+    except (ProcessLookupError, PermissionError):  # gone, or a setuid program of another uid
+        pass
+    finally:
+        os.close(fd)
+
+
+def _end_descendants(grace: float) -> None:
+    """SIGTERM every leftover descendant (those orphaned to this subreaper, setsid or not),
+    SIGKILL those still there after `grace` seconds, and reap them all."""
+    deadline = time.monotonic() + grace
+    termed: set[tuple[int, int]] = set()
+    while True:
+        _reap(-1)
+        left = set(_descendants())
+        if not left:
+            return
+        now = time.monotonic()
+        if now >= deadline + KILL_WAIT:
+            # In uninterruptible sleep, or of another uid: say so rather than wait forever.
+            shown = ", ".join(f"pid {pid}" for pid, _ in sorted(left))
+            _say(f"left running after SIGKILL: {shown}")
+            return
+        late = now >= deadline
+        for pid, start in left - (set() if late else termed):
+            _kill(pid, start, signal.SIGKILL if late else signal.SIGTERM)
+            if not late:
+                _kill(pid, start, signal.SIGCONT)  # a stopped process acts on it now
+        termed |= left
+        signal.sigtimedwait({signal.SIGCHLD}, 0.05)
+
+
+def _cleanup(owner: Owner, engine: str, made: list[str]) -> None:
+    """Remove what the run holds: its containers (compose projects whole), networks and
+    volumes, then its directories. Says what could not go; the agent retries that once the
+    wrapper is gone."""
+    from exitwatch.resources.docker import Containers
+    from exitwatch.resources.engine import EngineError
+    from exitwatch.resources.workdirs import KIND, Workdirs
+
+    outcomes: list[Outcome] = []
+    docker = Containers(host=f"unix://{engine}")
+    try:
+        try:
+            outcomes += docker.remove_ended(owner, docker.owned(owner), dry_run=False)
+        except EngineError as err:
+            # Nothing can have been created through the socket if the engine never answered.
+            if docker.ping() is None:
+                _say(f"containers of the run left in place: {err}")
+    finally:
+        docker.stop()
+    for path in made:
+        dirs = Workdirs(roots=(os.path.dirname(path),), depth=1)
+        outcomes += dirs.remove_ended(owner, [Resource(KIND, path, owner, path)], dry_run=False)
+    for o in outcomes:
+        if not o.ok:
+            _say(f"{o.what} left in place: {o.detail}")

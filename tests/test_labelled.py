@@ -1,0 +1,111 @@
+"""Networks and volumes labelled with an owner go with its containers, on the real engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import docker.errors
+import pytest
+
+from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
+from exitwatch.owner import Owner
+from exitwatch.resources.docker import Containers
+
+from conftest import PrivateEngine
+from procs import kill, spawn_owner
+
+
+def dead_owner() -> Owner:
+    child = spawn_owner()
+    kill(child)
+    return child.owner
+
+
+@pytest.fixture
+def live_owner() -> Iterator[Owner]:
+    child = spawn_owner()
+    yield child.owner
+    kill(child)
+
+
+@pytest.fixture
+def kind(engine: PrivateEngine) -> Iterator[Containers]:
+    k = Containers(engine.host)
+    yield k
+    k.stop()
+
+
+def present(engine: PrivateEngine, kind: str, name: str) -> bool:
+    api = engine.client.api
+    try:
+        (api.inspect_network if kind == "network" else api.inspect_volume)(name)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def make(engine: PrivateEngine, name: str, labels: dict[str, str], net: str, vol: str) -> str:
+    api = engine.client.api
+    host = api.create_host_config(binds={vol: {"bind": "/v", "mode": "rw"}}, network_mode=net)
+    return api.create_container(
+        engine.image, "sleep 1000", name=name, labels=labels, host_config=host
+    )["Id"]
+
+
+def test_a_dead_owners_networks_and_volumes_go_with_its_containers(
+    engine: PrivateEngine, kind: Containers, live_owner: Owner
+) -> None:
+    api = engine.client.api
+    dead = dead_owner()
+    mine = {LABEL_OWNER: str(dead)}
+    api.create_network("deadnet", labels=mine)
+    api.create_volume("deadvol", labels=mine)
+    api.create_network("keptnet", labels=mine | {LABEL_KEEP: "true"})
+    api.create_network("livenet", labels={LABEL_OWNER: str(live_owner)})
+    api.create_volume("livevol", labels={LABEL_OWNER: str(live_owner)})
+    make(engine, "held", mine, "deadnet", "deadvol")
+
+    outcomes = kind.remove(dead, kind.owned(dead), dry_run=False)
+
+    said = {o.what: (o.ok, o.detail) for o in outcomes}
+    assert said["network deadnet"] == (True, "removed")
+    assert said["volume deadvol"] == (True, "removed")
+    assert not present(engine, "network", "deadnet") and not present(engine, "volume", "deadvol")
+    assert "network keptnet" not in said and present(engine, "network", "keptnet")
+    assert present(engine, "network", "livenet") and present(engine, "volume", "livevol")
+
+
+def test_they_stay_while_a_container_of_the_owner_remains(
+    engine: PrivateEngine, kind: Containers
+) -> None:
+    api = engine.client.api
+    dead = dead_owner()
+    mine = {LABEL_OWNER: str(dead)}
+    api.create_network("deadnet", labels=mine)
+    api.create_volume("deadvol", labels=mine)
+    make(engine, "kept", mine | {LABEL_KEEP: "true"}, "deadnet", "deadvol")
+
+    outcomes = kind.remove(dead, [], dry_run=False)
+
+    said = {o.what: (o.ok, o.refused, o.detail) for o in outcomes}
+    why = "containers of the owner remain: kept"
+    assert said == {"network deadnet": (False, True, why), "volume deadvol": (False, True, why)}
+    assert present(engine, "network", "deadnet") and present(engine, "volume", "deadvol")
+
+
+def test_a_live_owner_is_refused_but_an_ended_run_is_not(
+    engine: PrivateEngine, kind: Containers, live_owner: Owner
+) -> None:
+    api = engine.client.api
+    mine = {LABEL_OWNER: str(live_owner)}
+    api.create_network("runnet", labels=mine)
+    make(engine, "runner", mine, "runnet", "runvol")
+    held = kind.owned(live_owner)
+    assert [r.name for r in held] == ["runner"]
+
+    assert all(o.refused for o in kind.remove(live_owner, held, dry_run=False))
+    assert present(engine, "network", "runnet")
+    # `exitwatch run` is the owner, alive, when its command and descendants have ended.
+    outcomes = kind.remove_ended(live_owner, held, dry_run=False)
+    assert all(o.ok for o in outcomes) and len(outcomes) == 2
+    assert kind.owned(live_owner) == [] and not present(engine, "network", "runnet")

@@ -1,0 +1,147 @@
+"""The periodic reconcile in the agent's loop, with a fake kind whose listing the test
+controls: it retries what was given up, lays the changes made while it listed over its
+stale listing, and never holds up the exit path. The owners are real: this process (alive)
+and this process's pid with another start time (a reused pid: dead). The end-to-end proof
+with a real agent, a real workdir and the kernel's immutable flag is in
+test_reconcile_agent.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from exitwatch.agent import Agent
+from exitwatch.config import Config, ConfigError, load
+from exitwatch.owner import owner_of
+from exitwatch.resources.base import Found, Gone, Outcome, ResourceKind, Snapshot
+from exitwatch.resources.base import Resource as Res
+
+from procs import reused_pid_owner, wait_for
+
+DEAD = reused_pid_owner()
+ALIVE = owner_of(os.getpid())
+
+
+class Listed(ResourceKind):
+    """A kind whose listing is `self.listing`; a scan can be held until `release` is set."""
+
+    kind = "thing"
+
+    def __init__(self) -> None:
+        self.listing: tuple[Res, ...] = ()
+        self.fail = False
+        self.calls: list[list[str]] = []
+        self.scans = 0
+        self.scanning = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def scan(self) -> Snapshot:
+        listing = self.listing  # what exists when the scan begins
+        self.scans += 1
+        self.scanning.set()
+        self.release.wait(10)
+        return Snapshot(self.kind, listing)
+
+    def start(self, notify) -> None:
+        notify(Snapshot(self.kind, self.listing))
+
+    def stop(self) -> None:
+        pass
+
+    def remove(self, owner, resources, dry_run) -> list[Outcome]:
+        self.calls.append([r.key for r in resources])
+        return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
+
+
+def thing(key: str, owner=DEAD) -> Res:
+    return Res("thing", key, owner, key)
+
+
+@pytest.fixture
+def running():
+    started: list[tuple[Agent, threading.Thread, Listed]] = []
+
+    def start(kind: Listed, **config) -> Agent:
+        agent = Agent(Config(**config), [kind])
+        thread = threading.Thread(target=agent.run)
+        thread.start()
+        started.append((agent, thread, kind))
+        return agent
+
+    yield start
+    for agent, thread, kind in started:
+        kind.release.set()
+        agent.stop()
+        thread.join(10)
+        agent.drain(10)
+
+
+def keys(agent: Agent) -> object:
+    """The keys the agent's index holds, read on its loop thread."""
+    index = agent.index
+    return agent.ask(lambda: {r.key for o in index.owners() for r in index.resources(o)})
+
+
+def test_a_given_up_resource_is_removed_by_the_next_reconcile(running):
+    kind = Listed()
+    kind.fail = True
+    kind.listing = (thing("stuck"),)
+    agent = running(kind, reap_attempts=1, reconcile_interval=1)
+    wait_for(lambda: agent.counters()["gave_up"] == 1, what="the agent to give up")
+    kind.fail = False  # say, chattr -i
+    wait_for(lambda: len(kind.calls) >= 2, what="the next reconcile to try again")
+    wait_for(lambda: agent.counters().get("reaped_thing") == 1, what="the removal counted")
+    counters = agent.counters()
+    assert counters["reconciles"] >= 2  # the start-up one, and a periodic one
+    assert counters["reconcile_missed"] >= 1
+    last = agent.ask(agent.reconciling)["last"]
+    assert last["run"] >= 1 and last["listed"] == 1
+
+
+def test_changes_made_while_it_lists_are_laid_over_its_listing(running):
+    kind = Listed()
+    kind.listing = (thing("old", ALIVE), thing("deleted", ALIVE))
+    agent = running(kind, reconcile_interval=1)
+    wait_for(lambda: keys(agent) == {"old", "deleted"}, what="the start-up listing")
+    kind.scanning.clear()
+    kind.release.clear()
+    wait_for(kind.scanning.is_set, what="a periodic reconcile to begin listing")
+    # While it lists: a new resource appears and one goes. The listing has neither change.
+    agent.submit(Found(thing("new", ALIVE)))
+    agent.submit(Gone("thing", "deleted"))
+    wait_for(lambda: keys(agent) == {"old", "new"}, what="the changes handled")
+    done = agent.counters()["reconciles"]
+    kind.release.set()
+    wait_for(lambda: agent.counters()["reconciles"] > done, what="the listing applied")
+    assert keys(agent) == {"old", "new"}
+
+
+def test_the_exit_path_goes_on_while_it_lists(running):
+    kind = Listed()
+    agent = running(kind, reconcile_interval=1)
+    kind.scanning.clear()
+    kind.release.clear()
+    wait_for(kind.scanning.is_set, what="a periodic reconcile to begin listing")
+    agent.submit(Found(thing("orphan")))
+    wait_for(lambda: kind.calls == [["orphan"]], what="the removal, while the scan is held")
+    assert agent.ask(agent.reconciling)["running"]
+    kind.release.set()
+
+
+def test_off_means_only_the_start_up_listing(running):
+    kind = Listed()
+    agent = running(kind, reconcile_interval=0)
+    wait_for(lambda: agent.counters()["reconciles"] == 1, what="the start-up listing")
+    assert agent.ask(agent.reconciling)["next_in_s"] is None
+    assert kind.scans == 0
+
+
+@pytest.mark.parametrize("value", [-1, 0.5, 86401])
+def test_bad_intervals_are_refused(tmp_path, value):
+    path = tmp_path / "config.toml"
+    path.write_text(f"reconcile_interval = {value}\n")
+    with pytest.raises(ConfigError, match="reconcile_interval: expected 0 \\(off\\)"):
+        load(str(path))

@@ -1,0 +1,51 @@
+"""`exitwatch status` with no agent: its one-shot scan stays readable on a host full of bad
+markers. They are summarized in the status; `exitwatch reap --dry-run` names each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from exitwatch import mark_workdir
+from exitwatch.contract import MARKER
+
+from procs import kill, spawn_owner
+
+BAD = 11
+
+
+def _exitwatch(*args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "exitwatch", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_bad_markers_are_summarized_not_warned_one_by_one(engine, workroot: Path, tmp_path):
+    for i in range(BAD):
+        bad = workroot / f"bad{i}"
+        bad.mkdir()
+        (bad / MARKER).write_text("not json")
+    alive = spawn_owner()
+    good = workroot / "good"
+    good.mkdir()
+    mark_workdir(good, alive.pid)
+    config = tmp_path / "config.toml"
+    config.write_text(f'workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n')
+    common = ("--config", str(config), "--status-socket", str(tmp_path / "none.sock"))
+    try:
+        done = _exitwatch("status", *common)
+        assert done.returncode == 3, done.stderr
+        assert "WARNING" not in done.stderr and MARKER not in done.stderr, done.stderr
+        assert f"{BAD} markers skipped; `exitwatch reap --dry-run` lists them" in done.stdout
+        assert str(good) in done.stdout  # the rest of the status is intact
+
+        doc = json.loads(_exitwatch("status", *common, "--json").stdout)
+        assert doc["skipped_markers"] == BAD
+
+        listed = _exitwatch("reap", "--config", str(config), "--dry-run")
+        assert listed.returncode == 0, listed.stderr
+        for i in range(BAD):
+            assert f"marker {workroot / f'bad{i}' / MARKER} is not JSON" in listed.stderr
+    finally:
+        kill(alive)

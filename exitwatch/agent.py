@@ -404,7 +404,8 @@ class Agent:
 
     def _start(self, job: _Job) -> None:
         token = next(self._tiebreak)
-        self._running[token] = (self._pool.submit(self._reap, token, job), job)
+        pool = job.kind.executor or self._pool
+        self._running[token] = (pool.submit(self._reap, token, job), job)
 
     def _reap(self, token: int, job: _Job) -> None:
         try:

@@ -17,7 +17,14 @@ import click
 
 from exitwatch import __version__, logs, procfs
 from exitwatch.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
-from exitwatch.contract import ENV_OWNER, cancel_hook, mark_workdir, on_death, owner_labels
+from exitwatch.contract import (
+    ENV_OWNER,
+    HOOK_MAX_TIMEOUT,
+    cancel_hook,
+    mark_workdir,
+    on_death,
+    owner_labels,
+)
 from exitwatch.owner import OwnerError
 
 log = logging.getLogger("exitwatch")
@@ -378,13 +385,20 @@ def mark(directory: str, pid: int | None) -> None:
 @_pid
 @click.option(
     "--timeout",
-    type=click.FloatRange(0, 86400, min_open=True),
+    type=click.FloatRange(0, HOOK_MAX_TIMEOUT, min_open=True),
     default=60.0,
     show_default=True,
     metavar="S",
     help="Kill the command (and its process group) after S seconds.",
 )
-@click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Set this for the command.")
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="Set this for the command; NAME alone takes its value from your environment "
+    "(keeps a secret off the command line, where ps shows it).",
+)
 @click.option("--cancel", metavar="ID", help="Cancel the hook ID instead.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def on_death_cmd(
@@ -412,7 +426,12 @@ def on_death_cmd(
     for item in env:
         name, sep, value = item.partition("=")
         if not sep:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--env")
+            if name not in os.environ:
+                raise click.BadParameter(
+                    f"{name!r} is not set in your environment (give NAME=VALUE, or export NAME)",
+                    param_hint="--env",
+                )
+            value = os.environ[name]
         pairs[name] = value
     pid = _owning_pid(pid)
     try:

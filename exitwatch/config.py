@@ -8,6 +8,8 @@ import types
 import typing
 from dataclasses import asdict, dataclass, fields, replace
 
+from exitwatch.contract import HOOK_DIR
+
 SOURCES = ("auto", "ebpf", "netlink", "poll")
 DEFAULT_PATH = "/etc/exitwatch/config.toml"
 
@@ -41,7 +43,7 @@ class Config:
     """Removals run in parallel on this many threads."""
     reap_attempts: int = 3
     """A removal that fails is tried this many times in all, with growing delays."""
-    hook_dir: str = "/var/spool/exitwatch/hooks"
+    hook_dir: str = HOOK_DIR
     """The spool of on-death hooks (root's, mode 1733; the agent creates it)."""
     reconcile_interval: float = 600.0
     """Seconds between full listings of every kind, which retry what was missed, refused or

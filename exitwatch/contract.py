@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Mapping, Sequence
 
@@ -50,7 +52,9 @@ def mark_workdir(path: str | os.PathLike[str], pid: int | None = None) -> None:
 HOOK_DIR = "/var/spool/exitwatch/hooks"
 ENV_HOOK_DIR = "EXITWATCH_HOOK_DIR"
 HOOK_MAX_BYTES = 64 * 1024
-HOOK_MAX_TIMEOUT = 24 * 3600.0
+# A hook holds one of the few hook workers (and one of its user's slots) while it runs:
+# an hour is ample for a cleanup call, and bounds how long hung hooks can delay others.
+HOOK_MAX_TIMEOUT = 3600.0
 HOOK_SUFFIX = ".json"
 _HOOK_ID = re.compile(r"[0-9a-f]{32}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -92,12 +96,40 @@ def hook_problem(body: object) -> str | None:
         return f'"timeout" is not in (0, {HOOK_MAX_TIMEOUT:g}] seconds'
     if isinstance(body["created"], bool) or not isinstance(body["created"], int | float):
         return '"created" is not a number'
+    if not all(map(_utf8, [body["owner"], *argv, cwd, *env.values()])):
+        return "it has a string that is not valid UTF-8 (a lone surrogate)"
+    return None
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` can be handed to exec: JSON may carry a lone surrogate ("\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def spool_problem(st: os.stat_result) -> str | None:
+    """What makes a spool one that others could tamper with, or None: not a directory of
+    root's, or writable by others without the sticky bit (which alone keeps one user from
+    removing or replacing another's hooks)."""
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        return "it is not a directory owned by root"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"it has mode {stat.S_IMODE(st.st_mode):04o}: writable, not sticky"
     return None
 
 
 def _open_spool() -> int:
     # O_PATH: users may add and remove entries in the 1733 spool, not list it.
-    return os.open(hook_dir(), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    path = hook_dir()
+    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    problem = spool_problem(os.fstat(fd))
+    if problem is not None:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"{problem}; others could tamper with hooks", path)
+    return fd
 
 
 def on_death(
@@ -113,7 +145,8 @@ def on_death(
     The command runs as the calling user, in the current directory (or HOME, if that is
     gone by then), with a minimal environment plus `env`, and is killed after `timeout`
     seconds. Raises ValueError for a malformed hook, OSError when the spool is not
-    writable, ProcessLookupError when there is no process `pid`.
+    writable (PermissionError when it is not root's and sticky), ProcessLookupError when
+    there is no process `pid`.
     """
     try:
         cwd = os.getcwd()
@@ -140,14 +173,18 @@ def on_death(
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
         try:
-            os.fchmod(fd, 0o600)  # the agent refuses a hook that others could rewrite
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)  # a crash of the host must not leave an empty hook behind
-        finally:
-            os.close(fd)
-        os.rename(tmp, hook_id + HOOK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            try:
+                os.fchmod(fd, 0o600)  # the agent refuses a hook that others could rewrite
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)  # a crash of the host must not leave an empty hook behind
+            finally:
+                os.close(fd)
+            os.rename(tmp, hook_id + HOOK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dir_fd)  # no one else may remove it from the sticky spool
+            raise
     finally:
         os.close(dir_fd)
     return hook_id

@@ -22,7 +22,11 @@ import docker
 import docker.errors
 import pytest
 
+from exitwatch.contract import ENV_HOOK_DIR
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
+from exitwatch.resources.hookfile import ensure_spool
+
+from procs import kill, spawn_owner
 
 ENGINE_SH = Path(__file__).with_name("engine.sh")
 # Short: containerd's sockets live under it, and unix socket paths hold at most 107 bytes.
@@ -158,6 +162,30 @@ def workroot() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="exitwatch-root-", dir="/tmp"))
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def spool(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A hook spool as the agent makes it (root's, 1733), under a directory anyone may
+    search, named to the registering side by EXITWATCH_HOOK_DIR."""
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-hooks-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    path = top / "hooks"
+    ensure_spool(str(path))
+    monkeypatch.setenv(ENV_HOOK_DIR, str(path))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.fixture(scope="module")
+def dead_owner() -> Owner:
+    """The owner string of a process that was spawned and killed."""
+    child = spawn_owner()
+    owner = owner_of(child.pid)
+    kill(child)
+    return owner
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from exitwatch import mark_workdir
 from exitwatch.config import ConfigError, load
 from exitwatch.contract import LABEL_OWNER, MARKER, MARKER_MAX_BYTES
-from exitwatch.owner import Owner, OwnerError, current_boot_id, owner_of
+from exitwatch.owner import Owner, OwnerError, current_boot_id
 
 from agentproc import Agent, container, exists, running, wait_gone
 from procs import kill, spawn_owner
@@ -63,14 +63,6 @@ def _owner_texts() -> st.SearchStrategy[str]:
 def agent(engine, workroot, tmp_path) -> Iterator[Agent]:
     with running(engine, workroot, tmp_path / "agent.log") as proc:
         yield proc
-
-
-@pytest.fixture(scope="module")
-def dead_owner() -> Owner:
-    child = spawn_owner()
-    owner = owner_of(child.pid)
-    kill(child)
-    return owner
 
 
 def _still_reaps(engine, agent: Agent, workroot: Path) -> None:

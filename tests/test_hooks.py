@@ -3,10 +3,12 @@ sandbox service on 127.0.0.1 that the hooks call with curl, and a real unprivile
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,15 +21,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from test_agent import start_agent as start_agent  # a real agent, as test_agent starts one
 from test_workdirs import SYSTEM_PYTHON, as_user
 from test_workdirs import attacker as attacker  # the unprivileged user, as a fixture here
 
-from exitwatch import cancel_hook, on_death
+from exitwatch import cancel_hook, mark_workdir, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_SUFFIX
-from exitwatch.resources.hookfile import ensure_spool
 
-from agentproc import Agent, agent_argv
-from procs import kill, spawn_owner, wait_for
+from agentproc import Agent
+from procs import kill, spawn_owner, state, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE = 30.0  # for a correct agent on a loaded machine; bench/hooks.py measures speed
@@ -72,37 +74,9 @@ def sandboxes() -> Iterator[Sandboxes]:
 
 
 @pytest.fixture
-def spool(monkeypatch) -> Iterator[Path]:
-    """A hook spool as the agent makes it (root's, 1733), under a directory anyone may
-    search, named to the registering side by EXITWATCH_HOOK_DIR."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-hooks-", dir="/tmp"))
-    os.chmod(top, 0o755)
-    path = top / "hooks"
-    ensure_spool(str(path))
-    monkeypatch.setenv(ENV_HOOK_DIR, str(path))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(top)
-
-
-@pytest.fixture
-def start_agent(engine, spool, tmp_path):
-    """Start a real agent on the spool (more than one per test, one after another)."""
-    agents: list[Agent] = []
-    root = tmp_path / "workdirs"
-    root.mkdir()
-
-    def start(*extra: str) -> Agent:
-        argv = agent_argv("netlink", engine.host, root, extra=("--hook-dir", str(spool), *extra))
-        agent = Agent(argv, tmp_path / f"agent-{len(agents)}.log")
-        agents.append(agent)
-        agent.wait_log("ready:")
-        return agent
-
-    yield start
-    for agent in agents:
-        agent.stop()
+def hook_agent(start_agent, spool):
+    """Start a real agent (as test_agent does) on the test's spool."""
+    return lambda *extra: start_agent("netlink", "--hook-dir", str(spool), *extra)
 
 
 def hooks_held(agent: Agent, pid: int) -> list[str]:
@@ -110,8 +84,8 @@ def hooks_held(agent: Agent, pid: int) -> list[str]:
     return mine[0].get("hooks", []) if mine else []
 
 
-def test_a_sigkilled_owners_hook_deletes_its_sandbox(start_agent, sandboxes, spool):
-    agent = start_agent()
+def test_a_sigkilled_owners_hook_deletes_its_sandbox(hook_agent, sandboxes, spool):
+    agent = hook_agent()
     owner = spawn_owner()
     hook_id = on_death(sandboxes.delete_argv("sbx-1"), pid=owner.pid)
     assert (spool / f"{hook_id}{HOOK_SUFFIX}").stat().st_mode & 0o777 == 0o600
@@ -135,8 +109,8 @@ def test_a_sigkilled_owners_hook_deletes_its_sandbox(start_agent, sandboxes, spo
     assert "SIGKILL" in entry["death"] or "gone" in entry["death"]
 
 
-def test_live_and_cancelled_owners_hooks_never_fire(start_agent, sandboxes, spool):
-    agent = start_agent()
+def test_live_and_cancelled_owners_hooks_never_fire(hook_agent, sandboxes, spool):
+    agent = hook_agent()
     live, cancelled, dead = spawn_owner(), spawn_owner(), spawn_owner()
     on_death(sandboxes.delete_argv("live"), pid=live.pid)
     gone_id = on_death(sandboxes.delete_argv("cancelled"), pid=cancelled.pid)
@@ -165,15 +139,15 @@ def test_live_and_cancelled_owners_hooks_never_fire(start_agent, sandboxes, spoo
     assert "cancelled" not in sandboxes.deleted
 
 
-def test_a_hook_whose_owner_died_while_no_agent_ran_fires_at_the_next_start(start_agent, sandboxes):
-    first = start_agent()
+def test_a_hook_whose_owner_died_while_no_agent_ran_fires_at_the_next_start(hook_agent, sandboxes):
+    first = hook_agent()
     owner = spawn_owner()
     on_death(sandboxes.delete_argv("while-down"), pid=owner.pid)
     wait_for(lambda: hooks_held(first, owner.pid), DEADLINE, "the agent to hold the hook")
     first.kill()
     kill(owner)
     assert sandboxes.deleted == {}
-    start_agent()
+    hook_agent()
     wait_for(lambda: "while-down" in sandboxes.deleted, DEADLINE, "the DELETE at start")
 
 
@@ -216,13 +190,13 @@ os.execvp("sleep", ["sleep", "1000000"])
 """
 
 
-def test_a_users_hook_runs_as_that_user_and_no_more(start_agent, spool, attacker):
+def test_a_users_hook_runs_as_that_user_and_no_more(hook_agent, spool, attacker):
     out = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-", dir="/tmp"))
     victim = Path(tempfile.mkdtemp(prefix="exitwatch-victim-", dir="/tmp"))
     os.chmod(out, 0o1777)
     os.chmod(victim, 0o755)
     try:
-        agent = start_agent()
+        agent = hook_agent()
         proc = as_user(
             attacker,
             f'cd "$3" && exec {SYSTEM_PYTHON} -I -S -c "$1" "$2" "$3" "$4"',
@@ -270,13 +244,39 @@ def _group_name(gid: int) -> str:
     return grp.getgrgid(gid).gr_name
 
 
-def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(start_agent, spool, tmp_path):
+def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_path):
+    """With a single removal worker, an owner's hook that hangs does not keep another dead
+    owner's workdir: hooks run on workers of their own."""
+    config = tmp_path / "config.toml"
+    config.write_text("reap_workers = 1\n")
+    agent = hook_agent("--config", str(config))
+    started = tmp_path / "hook-pid"
+    hung, other = spawn_owner(), spawn_owner()
+    script = f"echo $$ > {started}.tmp; mv {started}.tmp {started}; exec sleep 300"
+    on_death(["sh", "-c", script], pid=hung.pid, timeout=600)
+    workdir = workroot / "run"
+    workdir.mkdir()
+    mark_workdir(workdir, other.pid)
+    wait_for(lambda: hooks_held(agent, hung.pid), DEADLINE, "the agent to hold the hook")
+    agent.wait_holding(other.pid, workdirs=1)
+    kill(hung)
+    try:
+        wait_for(started.exists, DEADLINE, "the hook to start")
+        kill(other)
+        wait_for(lambda: not workdir.exists(), DEADLINE, "the workdir removed beside the hook")
+        assert state(int(started.read_text())) not in (None, "Z")  # still hanging
+    finally:
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(started.read_text()), signal.SIGKILL)
+
+
+def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(hook_agent, spool, tmp_path):
     config = tmp_path / "config.toml"
     config.write_text("reap_attempts = 2\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    agent = start_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
+    agent = hook_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
     count = tmp_path / "count"
     owner = spawn_owner()
     hook_id = on_death(["sh", "-c", f"echo try >> {count}; echo broke; exit 3"], pid=owner.pid)
@@ -317,15 +317,25 @@ def test_the_cli_registers_and_cancels(spool):
     owner = spawn_owner()
     try:
         exitwatch = [sys.executable, "-m", "exitwatch"]
+        # --env NAME takes the value from the environment: a secret stays out of argv.
+        envs = ("--env", "A=b", "--env", "TOKEN")
         done = subprocess.run(
-            [*exitwatch, "on-death", "--pid", str(owner.pid), "--env", "A=b", "--", "true"],
+            [*exitwatch, "on-death", "--pid", str(owner.pid), *envs, "--", "true"],
             capture_output=True,
             text=True,
             check=True,
+            env=os.environ | {"TOKEN": "s3cret"},
         )
         hook_id = done.stdout.strip()
         body = json.loads((spool / f"{hook_id}{HOOK_SUFFIX}").read_text())
-        assert (body["argv"], body["env"], body["timeout"]) == (["true"], {"A": "b"}, 60.0)
+        env = {"A": "b", "TOKEN": "s3cret"}
+        assert (body["argv"], body["env"], body["timeout"]) == (["true"], env, 60.0)
+        unset = subprocess.run(
+            [*exitwatch, "on-death", "--env", "EXITWATCH_UNSET_X", "--", "true"],
+            capture_output=True,
+            text=True,
+        )
+        assert unset.returncode == 2 and "'EXITWATCH_UNSET_X' is not set" in unset.stderr
         assert body["owner"].split(":")[1] == str(owner.pid)
         # Without --pid the owner is the caller of the command, as for `exitwatch labels`.
         mine = subprocess.run(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from exitwatch.owner import Owner
@@ -60,6 +61,9 @@ class ResourceKind(abc.ABC):
     """One kind of resource: list it, watch it for changes, remove it."""
 
     kind: str
+    # Where its removals run: None for the agent's shared pool. A kind whose removals may
+    # take long (a hook runs up to its timeout) brings its own, so they hold up no other.
+    executor: Executor | None = None
 
     @abc.abstractmethod
     def scan(self) -> Snapshot:

@@ -13,7 +13,7 @@ import shlex
 import stat
 from dataclasses import dataclass
 
-from exitwatch.contract import HOOK_MAX_BYTES, HOOK_SUFFIX, hook_problem
+from exitwatch.contract import HOOK_MAX_BYTES, HOOK_SUFFIX, hook_problem, spool_problem
 from exitwatch.owner import Owner, OwnerError
 from exitwatch.resources import fsops
 from exitwatch.resources.base import Resource
@@ -21,21 +21,29 @@ from exitwatch.resources.fsops import printable
 
 KIND = "hook"
 SPOOL_MODE = 0o1733
+SPOOL_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class HookError(ValueError):
-    """A hook file that is refused; the message says why."""
+    """A hook file that is refused; the message says why. `lasting` is False where a later
+    look may find it good although the file did not change (a user database that failed
+    to answer, for one)."""
+
+    def __init__(self, why: str, lasting: bool = True) -> None:
+        super().__init__(why)
+        self.lasting = lasting
 
 
 @dataclass(frozen=True)
 class Hook(Resource):
-    """A hook file as it was read: who owns the file, which file it was, what it runs."""
+    """A hook file as it was found: who owns the file, and which file it was. What it runs
+    is read again from the file when it runs; the index keeps only `name` (its id and
+    the start of its command), for people."""
 
     uid: int = -1
     ino: int = 0
     dev: int = 0
-    argv: tuple[str, ...] = ()
 
 
 def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
@@ -51,7 +59,7 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
             raise
         raise HookError(f"it cannot be opened: {err.strerror}") from None
     try:
-        st = check_file(fd)
+        st = check_file(fd, dir_fd)
         data = b""
         while len(data) <= HOOK_MAX_BYTES and (chunk := os.read(fd, HOOK_MAX_BYTES + 1)):
             data += chunk
@@ -71,20 +79,31 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
         try:
             pwd.getpwuid(st.st_uid)
         except KeyError:
-            raise HookError(f"it belongs to uid {st.st_uid}, which has no passwd entry") from None
+            # Also what a user database that failed for a moment (NSS, LDAP) says.
+            why = f"it belongs to uid {st.st_uid}, which has no passwd entry"
+            raise HookError(why, lasting=False) from None
     except BaseException:
         os.close(fd)
         raise
-    argv = tuple(body["argv"])
     hook_id = name.removesuffix(HOOK_SUFFIX)
-    shown = printable(f"{hook_id}: {shlex.join(argv)}"[:200])
-    hook = Hook(KIND, name, owner, shown, None, st.st_uid, st.st_ino, st.st_dev, argv)
+    shown = printable(f"{hook_id}: {shlex.join(body['argv'])}"[:200])
+    hook = Hook(KIND, name, owner, shown, None, st.st_uid, st.st_ino, st.st_dev)
     return hook, body, fd
 
 
-def check_file(fd: int) -> os.stat_result:
-    """The stat of an open hook file, or HookError for one that must not run."""
+def check_file(fd: int, dir_fd: int) -> os.stat_result:
+    """The stat of an open hook file of the spool `dir_fd`, or HookError for one that must
+    not run.
+
+    A file mounted over (a user's FUSE mount on their own hook file, a bind mount) is
+    answered for by whoever serves that mount, root's fstat included: uid 0, one link,
+    mode 0600 would all be the mount's word. So the file must lie on the spool's own
+    mount: the same device, and the same mount id (which a bind mount of a file from the
+    spool's own filesystem changes while the device stays).
+    """
     st = os.fstat(fd)
+    if st.st_dev != os.fstat(dir_fd).st_dev or _mount_id(fd) != _mount_id(dir_fd):
+        raise HookError("it is mounted over: not on the spool's own filesystem")
     if not stat.S_ISREG(st.st_mode):
         raise HookError(f"it is {fsops.file_type(st.st_mode)}, not a regular file")
     if st.st_nlink != 1:
@@ -94,10 +113,18 @@ def check_file(fd: int) -> os.stat_result:
     return st
 
 
+def _mount_id(fd: int) -> str:
+    """The id of the mount `fd` lies on, from /proc; "" where the kernel does not say."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+        for line in info:
+            if line.startswith(b"mnt_id:"):
+                return line.split()[1].decode()
+    return ""
+
+
 def ensure_spool(path: str) -> None:
     """Create the spool (root's, mode 1733) if it is missing; raise HookError for one that
-    others could tamper with: not a root-owned directory, or writable by others without
-    the sticky bit (which alone keeps one user from removing another's hooks)."""
+    others could tamper with."""
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         os.makedirs(parent, mode=0o755, exist_ok=True)
@@ -105,8 +132,11 @@ def ensure_spool(path: str) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
         os.chmod(path, SPOOL_MODE)  # past the umask
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-        raise HookError("it is not a directory owned by root")
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise HookError(f"it has mode {stat.S_IMODE(st.st_mode):04o}: writable, not sticky")
+    check_spool(path)
+
+
+def check_spool(path: str) -> None:
+    """HookError for a spool that others could tamper with (see spool_problem)."""
+    problem = spool_problem(os.lstat(path))
+    if problem is not None:
+        raise HookError(problem)

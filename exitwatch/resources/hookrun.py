@@ -1,5 +1,6 @@
 """Running one on-death hook as its user: credentials, environment, directory, a process
-group of its own, the tail of its output, and a timeout that kills the whole group.
+group of its own that is killed as a whole when the hook ends or times out, the tail of
+its output, and an OOM score of its own.
 
 Nothing here knows what a hook file is; hooks.py decides what runs and as whom.
 """
@@ -23,7 +24,13 @@ USER_PATH = "/usr/local/bin:/usr/bin:/bin"
 # the kernel then checks every step (a symlink included) with the user's rights, so a
 # recorded path can lead nowhere the user could not go. A directory that is gone or out
 # of reach falls back to HOME, and that to /.
-_ENTER = 'cd -P -- "$1" 2>/dev/null || cd -P -- "$2" 2>/dev/null || cd /; shift 2; exec "$@"'
+#
+# The agent runs with OOMScoreAdjust=-500, which a child inherits: the shell puts the hook
+# back to 0 first (raising it needs no privilege; exec made /proc/self the user's again).
+_ENTER = (
+    "echo 0 > /proc/self/oom_score_adj 2>/dev/null; "
+    'cd -P -- "$1" 2>/dev/null || cd -P -- "$2" 2>/dev/null || cd /; shift 2; exec "$@"'
+)
 
 
 @dataclass(frozen=True)
@@ -69,8 +76,9 @@ def run_as(
     timeout: float,
 ) -> Ran:
     """Run `argv` as `user` (uid, primary gid, supplementary groups) with exactly `env`,
-    in `cwd` as the user may reach it, stdin from /dev/null, in a new session. Raises
-    OSError when it cannot be started, or not killed at its timeout."""
+    in `cwd` as the user may reach it, stdin from /dev/null, in a new session whose
+    process group is killed once its leader has exited (or at the timeout). Raises
+    OSError when it cannot be started, or its group cannot be killed."""
     groups = os.getgrouplist(user.pw_name, user.pw_gid)
     started = time.monotonic()
     proc = subprocess.Popen(
@@ -109,8 +117,12 @@ def run_as(
                     exited = True
                 elif not _read_into(out, tail):
                     poller.unregister(out)
+        # Whatever it left running goes with it, a success too: killed while the leader is
+        # an unreaped zombie, which keeps its pid (the group's id) from being reused.
+        # A child that called setsid has left the group, and is out of reach here.
+        _kill_group(proc.pid)
         proc.wait()
-        # What it wrote before it ended; children it left running keep their own output.
+        # What it wrote before it ended.
         os.set_blocking(out, False)
         with contextlib.suppress(BlockingIOError):
             while _read_into(out, tail):
@@ -135,7 +147,7 @@ def _kill_group(pgid: int) -> None:
     except ProcessLookupError:
         pass
     except OSError as err:
-        raise OSError(err.errno, f"cannot kill it at its timeout: {err.strerror}") from None
+        raise OSError(err.errno, f"cannot kill its process group: {err.strerror}") from None
 
 
 def _read_into(fd: int, tail: bytearray) -> bool:

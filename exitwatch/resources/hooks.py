@@ -14,93 +14,42 @@ tolerate finding their resource gone already (a DELETE that answers 404, say).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
 import pwd
-import select
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from exitwatch.contract import HOOK_SUFFIX
+from exitwatch.contract import HOOK_MAX_TIMEOUT
 from exitwatch.owner import Owner, death
-from exitwatch.resources import fsops, hookrun
+from exitwatch.resources import discovery, fsops, hookrun
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.resources.fsops import printable
-from exitwatch.resources.hookfile import KIND, Hook, HookError, check_file, ensure_spool, read_hook
+from exitwatch.resources.hookfile import (
+    KIND,
+    SPOOL_OPEN,
+    Hook,
+    HookError,
+    check_file,
+    check_spool,
+    ensure_spool,
+    read_hook,
+)
+from exitwatch.resources.hookspool import Spool
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
-PARALLEL = 16  # hooks of one owner run at once
-STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Hooks run on workers of their own, never the agent's removal pool: a hook may run for
+# up to its timeout, and hung ones must not hold up the removal of containers and workdirs.
+JOBS = 16  # dead owners whose hooks run at once
+PARALLEL = 8  # hooks of one owner run at once
+PER_UID = 8  # hooks of one user run at once, whatever their owners
+LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0  # for another exitwatch process running the same hook
 _SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
-
-
-class _Spool:
-    """The hooks in the spool, read again only when a file changed. One per thread."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._seen: dict[str, tuple[tuple[int, ...], Hook | None]] = {}
-        self._unlistable = False
-
-    def list(self) -> dict[str, Hook]:
-        try:
-            dir_fd = os.open(self.path, _DIR)
-        except OSError as err:
-            if not self._unlistable and err.errno != errno.ENOENT:
-                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
-            self._unlistable = True
-            return {}
-        try:
-            return self._list(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-    def _list(self, dir_fd: int) -> dict[str, Hook]:
-        seen, found = {}, {}
-        try:
-            names = os.listdir(dir_fd)
-        except OSError as err:
-            if not self._unlistable:
-                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
-            self._unlistable = True
-            return {}
-        self._unlistable = False
-        for name in names:
-            if name.startswith("."):  # a hook being written
-                continue
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:  # gone since the listing
-                continue
-            sig = (st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)
-            old = self._seen.get(name)
-            hook = old[1] if old is not None and old[0] == sig else self._read(dir_fd, name)
-            seen[name] = (sig, hook)
-            if hook is not None:
-                found[name] = hook
-        self._seen = seen
-        return found
-
-    def _read(self, dir_fd: int, name: str) -> Hook | None:
-        where = printable(os.path.join(self.path, name))
-        if not name.endswith(HOOK_SUFFIX):
-            log.warning("hook file %s: refused: its name does not end in %s", where, HOOK_SUFFIX)
-            return None
-        try:
-            hook, _, fd = read_hook(dir_fd, name)
-        except FileNotFoundError:
-            return None
-        except HookError as err:
-            log.warning("hook file %s: refused: %s", where, err)
-            return None
-        os.close(fd)
-        return hook
 
 
 class Hooks(ResourceKind):
@@ -110,11 +59,22 @@ class Hooks(ResourceKind):
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._thread: threading.Thread | None = None
-        self._stop_r = self._stop_w = -1
+        self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hook-run")
+        self._slots: dict[int, threading.BoundedSemaphore] = {}
+        self._slots_lock = threading.Lock()
+        self._discovery = discovery.Discovery("hook discovery", "exitwatch-hooks")
 
     def scan(self) -> Snapshot:
-        found = _Spool(self.path).list()
+        # `exitwatch reap` has not made the spool, as the agent has: it checks it.
+        try:
+            check_spool(self.path)
+        except FileNotFoundError:
+            return Snapshot(KIND, ())
+        except (OSError, HookError) as err:
+            why = err.strerror if isinstance(err, OSError) else str(err)
+            log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
+            return Snapshot(KIND, ())
+        found = Spool(self.path).list()
         return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
 
     def start(self, notify: Notify) -> None:
@@ -125,31 +85,23 @@ class Hooks(ResourceKind):
             log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
             notify(Snapshot(KIND, ()))
             return
-        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
-        self._thread = threading.Thread(
-            target=self._follow, args=(notify,), name="exitwatch-hooks", daemon=True
-        )
-        self._thread.start()
+        self._discovery.start(lambda stop_fd: self._follow(notify, stop_fd))
 
     def stop(self) -> None:
-        if self._thread is None:
-            return
-        os.write(self._stop_w, b"x")
-        self._thread.join(STOP_DEADLINE)
-        if not self._thread.is_alive():
-            os.close(self._stop_r)
-            os.close(self._stop_w)
-        self._thread = None
+        self._discovery.stop()
 
-    def _follow(self, notify: Notify) -> None:
-        """A Snapshot, then Found and Gone as the spool changes: any event in it makes it
-        be listed again (files that did not change are not read again)."""
-        spool = _Spool(self.path)
+    def _follow(self, notify: Notify, stop_fd: int) -> None:
+        """A Snapshot, then Found and Gone as the spool changes. With inotify, the names an
+        event gives are looked at again, not the whole spool (a change that raises no
+        event, a chmod, is seen at the file's next event or the next whole listing); a
+        file that did not change is never read again."""
+        spool = Spool(self.path)
         known: dict[str, Hook] | None = None
+        changed: set[str] | None = None  # None: list the whole spool
         ino = None
         try:
             ino = fsops.Inotify()
-            dir_fd = os.open(self.path, _DIR)
+            dir_fd = os.open(self.path, SPOOL_OPEN)
             try:
                 ino.watch(dir_fd, self.path, 0)
             finally:
@@ -167,9 +119,10 @@ class Hooks(ResourceKind):
         try:
             while True:
                 try:
-                    found = spool.list()
+                    found = spool.list(changed)
                 except Exception:  # it must not die, or no hook is seen again
                     log.exception("listing the hook spool failed; trying again")
+                    spool = Spool(self.path)  # what it knew may be half updated
                     found = known or {}
                 if known is None:
                     notify(Snapshot(KIND, tuple(found[n] for n in sorted(found))))
@@ -180,10 +133,20 @@ class Hooks(ResourceKind):
                         if known.get(name) != hook:
                             notify(Found(hook))
                 known = found
-                stop, gone = _wait(self._stop_r, ino)
-                if stop:
+                if ino is None:
+                    if discovery.wait(stop_fd, None, POLL_INTERVAL):
+                        return
+                    changed = None
+                    continue
+                if discovery.wait(stop_fd, ino.fd, None):
                     return
-                if gone and ino is not None:
+                # Only the names the events give are looked at again; an overflow (events
+                # lost) or an event without a name, the whole spool.
+                events = ino.read()
+                changed = {name for _, _, name in events}
+                if "" in changed:
+                    changed = None
+                if any(mask & _SELF_GONE for _, mask, _ in events):
                     log.warning(
                         "hook spool %s was removed or moved; rescanning every %gs",
                         printable(self.path),
@@ -208,14 +171,20 @@ class Hooks(ResourceKind):
             why = f"its owner {owner} is alive"
             return [Outcome(_what(r), KIND, False, why, True, key=r.key) for r in resources]
         try:
-            dir_fd = os.open(self.path, _DIR)
+            dir_fd = os.open(self.path, SPOOL_OPEN)
         except OSError as err:
             why = f"failed: spool {printable(self.path)}: {err.strerror}"
             return [Outcome(_what(r), KIND, False, why, key=r.key) for r in resources]
 
         def one(res: Resource) -> Outcome:
             # Each says which hook it is about, so that only the hooks that failed are retried.
-            return replace(self._run_one(dir_fd, owner, res, dry_run, how), key=res.key)
+            try:
+                outcome = self._run_one(dir_fd, owner, res, dry_run, how)
+            except Exception as err:  # one hook's surprise must not cost the others theirs
+                log.error("%s: cannot run: %s: %s", _what(res), type(err).__name__, err)
+                why = f"failed: {type(err).__name__}: {err}"
+                outcome = Outcome(_what(res), KIND, False, why, counts=("hook_failures",))
+            return replace(outcome, key=res.key)
 
         try:
             if len(resources) == 1:
@@ -248,23 +217,24 @@ class Hooks(ResourceKind):
             user = pwd.getpwuid(hook.uid)
             env = hookrun.environment(user, body["env"])
             env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
-            # `exitwatch reap` beside the agent: whoever locks the file runs it; the other
-            # tries again later, and finds it gone. The lock goes with the descriptor.
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            # `exitwatch reap` beside the agent (or the agent before a reload): whoever
+            # locks the file runs it; the other waits for it, on a hook worker, and then
+            # finds it gone (or failed, and runs it itself). No attempt is spent on waiting.
+            # The lock goes with the descriptor.
+            if not _lock(fd, LOCK_WAIT):
                 return Outcome(what, KIND, False, "another exitwatch process is running it")
             if os.fstat(fd).st_nlink == 0:  # the other ran it, and removed it, since we opened it
                 return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
             # The last look, through the descriptor: the file read is the file checked.
             try:
-                st = check_file(fd)
+                st = check_file(fd, dir_fd)
             except HookError as err:
                 return _refuse(what, str(err))
             if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
                 return _refuse(what, "it changed while being read")
-            ran = hookrun.run_as(user, hook.argv, env, body["cwd"], body["timeout"])
-            return self._ran(dir_fd, what, res.key, hook, ran)
+            with self._slot(hook.uid):
+                ran = hookrun.run_as(user, body["argv"], env, body["cwd"], body["timeout"])
+            return self._ran(dir_fd, what, res.key, hook, body["argv"][0], ran)
         except (KeyError, OSError) as err:
             why = err.strerror if isinstance(err, OSError) else "its user vanished"
             log.warning("%s: cannot run: %s", what, why)
@@ -272,10 +242,17 @@ class Hooks(ResourceKind):
         finally:
             os.close(fd)  # and with it the lock, once the file is gone (or kept for a retry)
 
-    def _ran(self, dir_fd: int, what: str, name: str, hook: Hook, ran: hookrun.Ran) -> Outcome:
+    def _slot(self, uid: int) -> threading.BoundedSemaphore:
+        """The PER_UID run slots of `uid`: how many hook processes one user has at once."""
+        with self._slots_lock:
+            return self._slots.setdefault(uid, threading.BoundedSemaphore(PER_UID))
+
+    def _ran(
+        self, dir_fd: int, what: str, name: str, hook: Hook, argv0: str, ran: hookrun.Ran
+    ) -> Outcome:
         extra = {
             "hook": {
-                "argv0": hook.argv[0],
+                "argv0": argv0,
                 "uid": hook.uid,
                 "returncode": ran.returncode,
                 "timed_out": ran.timed_out,
@@ -301,6 +278,20 @@ class Hooks(ResourceKind):
         return Outcome(what, KIND, True, detail, False, extra, tuple(counts))
 
 
+def _lock(fd: int, wait: float) -> bool:
+    """Lock the hook file, waiting up to `wait` seconds for whoever holds it."""
+    deadline, pause = time.monotonic() + wait, 0.05
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+        time.sleep(pause)  # a lock has no wakeup to wait on but a blocking flock, unbounded
+        pause = min(pause * 2, 1.0)
+
+
 def _what(res: Resource) -> str:
     return f"hook {res.name or res.key}"
 
@@ -317,18 +308,3 @@ def _unlink_same(dir_fd: int, name: str, hook: Hook) -> None:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if (st.st_dev, st.st_ino) == (hook.dev, hook.ino):
             os.unlink(name, dir_fd=dir_fd)
-
-
-def _wait(stop_fd: int, ino: fsops.Inotify | None) -> tuple[bool, bool]:
-    """Wait for a change in the spool (or POLL_INTERVAL without inotify); whether to stop,
-    and whether the spool itself went (its watch with it)."""
-    poller = select.poll()
-    poller.register(stop_fd, select.POLLIN)
-    if ino is not None:
-        poller.register(ino.fd, select.POLLIN)
-    ready = {fd for fd, _ in poller.poll(None if ino is not None else POLL_INTERVAL * 1000)}
-    if stop_fd in ready:
-        return True, False
-    # Which file changed does not matter: the spool is listed again.
-    events = ino.read() if ino is not None else []
-    return False, any(mask & _SELF_GONE for _, mask, _ in events)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import select
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -18,6 +17,7 @@ from typing import Protocol
 from exitwatch.contract import MARKER
 from exitwatch.resources import fsops
 from exitwatch.resources.base import Found, Gone, Notify, Resource, Snapshot
+from exitwatch.resources.discovery import wait
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
             log.info("following workdirs under %s with inotify", roots)
             mode("inotify")
             timeout: float | None = None
-            while not _wait(stop_fd, watcher.ino.fd, timeout):
+            while not wait(stop_fd, watcher.ino.fd, timeout):
                 for wd, mask, name in watcher.ino.read():
                     watcher.handle(wd, mask, name)
                 timeout = watcher.recheck()
@@ -114,7 +114,7 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
             # from it, and it is done again from the start.
             log.warning("workdir discovery: %s; starting again in %g s", err, RECHECK)
             mode(f"starting again: {err.strerror or err}")
-            if _wait(stop_fd, None, RECHECK):
+            if wait(stop_fd, None, RECHECK):
                 return
         finally:
             watcher.ino.close()
@@ -139,18 +139,8 @@ def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> No
         took = time.monotonic() - started
         every = min(POLL_MAX, max(POLL_INTERVAL, took / RESCAN_SHARE))
         mode(f"{every:.3g} s (the last took {took:.3g} s)")
-        if _wait(stop_fd, None, every):
+        if wait(stop_fd, None, every):
             return
-
-
-def _wait(stop_fd: int, fd: int | None, timeout: float | None) -> bool:
-    """Wait until `fd` is readable or `timeout` passes; True once `stop_fd` is readable."""
-    poller = select.poll()
-    poller.register(stop_fd, select.POLLIN)
-    if fd is not None:
-        poller.register(fd, select.POLLIN)
-    ready = poller.poll(None if timeout is None else timeout * 1000)
-    return any(r == stop_fd for r, _ in ready)
 
 
 class _Watcher:

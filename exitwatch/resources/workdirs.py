@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import stat
-import threading
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -22,6 +21,7 @@ from exitwatch.contract import MARKER, MARKER_MAX_BYTES
 from exitwatch.owner import Owner, OwnerError, death
 from exitwatch.resources import fsops
 from exitwatch.resources.base import Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.resources.discovery import Discovery
 from exitwatch.resources.fsops import printable
 from exitwatch.resources.workdir_watch import Watch, follow
 
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 KIND = "workdir"
 # Children of a dead owner may still be writing into its workdir: empty it this many times.
 REMOVE_PASSES = 3
-STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
 # Errors that say a directory is no longer a plain directory at that path: it is gone.
 # Anything else (EMFILE, ENOMEM, EACCES on a FUSE mount...) says nothing about it.
 _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV)
@@ -291,8 +290,7 @@ class Workdirs(ResourceKind):
         # path below them can be opened without following any.
         self.roots = tuple(dict.fromkeys(os.path.realpath(r) for r in roots))
         self.depth = depth
-        self._thread: threading.Thread | None = None
-        self._stop_r = self._stop_w = -1
+        self._discovery = Discovery("workdir discovery", "exitwatch-workdirs")
         self.discovery = "not started"  # how workdirs are followed now, and why; for status
 
     def health(self) -> dict:
@@ -305,36 +303,12 @@ class Workdirs(ResourceKind):
         return Snapshot(KIND, tuple(found[p] for p in sorted(found)))
 
     def start(self, notify: Notify) -> None:
-        if self._thread is not None:
-            raise RuntimeError("workdir discovery is already running")
-        self._stop_r, self._stop_w = os.pipe()
-        self._thread = threading.Thread(
-            target=follow,
-            args=(
-                _Tree(self.roots, self.depth),
-                KIND,
-                notify,
-                self._stop_r,
-                functools.partial(setattr, self, "discovery"),
-            ),
-            name="exitwatch-workdirs",
-            daemon=True,
-        )
-        self._thread.start()
+        tree = _Tree(self.roots, self.depth)
+        mode = functools.partial(setattr, self, "discovery")
+        self._discovery.start(lambda stop_fd: follow(tree, KIND, notify, stop_fd, mode))
 
     def stop(self) -> None:
-        if self._thread is None:
-            return
-        os.write(self._stop_w, b"x")
-        self._thread.join(STOP_DEADLINE)
-        if self._thread.is_alive():
-            # A walk of a huge tree is under way; the thread is a daemon, and it owns the
-            # pipe's read end until it notices.
-            log.warning("workdir discovery did not stop within %.0f s", STOP_DEADLINE)
-        else:
-            os.close(self._stop_r)
-            os.close(self._stop_w)
-        self._thread = None
+        self._discovery.stop()
 
     # Removal
 

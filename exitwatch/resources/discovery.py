@@ -1,0 +1,58 @@
+"""A kind's discovery thread: started with a stop pipe, stopped within a deadline, and the
+wait its loop makes between looks. Workdirs and hooks both follow their files this way."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
+
+
+class Discovery:
+    """One discovery thread at a time, running `target(stop_fd)` until stop()."""
+
+    def __init__(self, what: str, thread_name: str) -> None:
+        self.what = what  # for people: "workdir discovery"
+        self.thread_name = thread_name
+        self._thread: threading.Thread | None = None
+        self._stop_r = self._stop_w = -1
+
+    def start(self, target: Callable[[int], None]) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{self.what} is already running")
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(
+            target=target, args=(self._stop_r,), name=self.thread_name, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to stop and wait up to STOP_DEADLINE for it. Idempotent."""
+        if self._thread is None:
+            return
+        os.write(self._stop_w, b"x")
+        self._thread.join(STOP_DEADLINE)
+        if self._thread.is_alive():
+            # A long look (a walk of a huge tree) is under way; the thread is a daemon, and
+            # it owns the pipe's read end until it notices.
+            log.warning("%s did not stop within %.0f s", self.what, STOP_DEADLINE)
+        else:
+            os.close(self._stop_r)
+            os.close(self._stop_w)
+        self._thread = None
+
+
+def wait(stop_fd: int, fd: int | None, timeout: float | None) -> bool:
+    """Wait until `fd` is readable or `timeout` passes; True once `stop_fd` is readable."""
+    poller = select.poll()
+    poller.register(stop_fd, select.POLLIN)
+    if fd is not None:
+        poller.register(fd, select.POLLIN)
+    ready = poller.poll(None if timeout is None else timeout * 1000)
+    return any(r == stop_fd for r, _ in ready)

@@ -171,9 +171,19 @@ class _Watcher:
         self.recheck_at = 0.0
 
     def sync(self) -> None:
-        """Watch everything, then report the complete set: nothing is lost in between."""
-        self.known = self.tree.walk_roots(self.watch)
+        """Report the complete set, then watch everything and report what changed since.
+
+        The Snapshot comes from a walk without watches: adding 100,000 of them costs more
+        than the walk, and the agent needs the set, not the watches, to start reaping. A
+        change made after the first walk looked at a directory is not lost: the second walk
+        watches each directory before it reads it again, so the change is either read then
+        or reported by inotify after. Markers read in the first walk are not read again
+        (the tree remembers them while their stat stays).
+        """
+        self.known = self.tree.walk_roots(None)
         self.notify(Snapshot(self.kind, tuple(self.known[p] for p in sorted(self.known))))
+        found = self.tree.walk_roots(self.watch)
+        _report(self.kind, self.notify, self.known, found, self.known.keys() | found.keys())
 
     def watch(self, fd: int, path: str, depth: int) -> None:
         try:

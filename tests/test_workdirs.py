@@ -395,6 +395,40 @@ def test_start_reports_a_snapshot_first_then_changes(
     assert not any(isinstance(c, Snapshot) for c in changes.seen[1:])
 
 
+def test_start_loses_nothing_changed_between_the_snapshot_and_the_watches(
+    root: Path, owner: Owner
+) -> None:
+    # The Snapshot is reported before any watch exists; the reporting thread is held
+    # right there while the tree changes under it.
+    unmarked, moved = marked(root / "a" / "unmarked"), marked(root / "moved")
+    rewritten = marked(root / "rewritten")
+    changes = Changes()
+    changes.gate.clear()
+    kind = Workdirs([str(root)])
+    kind.start(changes)
+    try:
+        assert changes.blocked.wait(30), "the snapshot was never reported"
+        new = marked(root / "a" / "new")
+        os.unlink(unmarked / MARKER)
+        os.rename(moved, root / "a" / "moved")
+        other = Owner(owner.boot_id, owner.pid, owner.starttime + 1)
+        write_marker(rewritten, other)
+        changes.gate.set()
+        first = changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+        assert keys(first) == {str(unmarked), str(moved), str(rewritten)}
+        changes.wait(found(new), "the workdir made meanwhile")
+        changes.wait(found(root / "a" / "moved"), "the workdir moved meanwhile")
+        changes.wait(gone(moved), "its old path to go")
+        changes.wait(gone(unmarked), "the workdir unmarked meanwhile to go")
+        changes.wait(
+            lambda c: found(rewritten)(c) and c.resource.owner == other,
+            "the new owner of the rewritten marker",
+        )
+    finally:
+        changes.gate.set()
+        kind.stop()
+
+
 def test_start_follows_a_directory_whose_marker_goes_and_comes(
     root: Path, running: Callable[[Workdirs], Changes]
 ) -> None:

@@ -26,7 +26,7 @@ import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.owner import Owner, current_boot_id, owner_of
-from exitwatch.resources import fsops
+from exitwatch.resources import fsops, workdir_watch, workdirs
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
 from exitwatch.resources.workdirs import Workdirs
 
@@ -922,3 +922,24 @@ def test_a_deeply_nested_marker_is_one_warning(root: Path, caplog: pytest.LogCap
         str(wd / MARKER) in r.getMessage() and "nested too deeply" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_a_stop_ends_the_watching_walk_within_a_thousand_directories(root: Path) -> None:
+    # The watching walk follows the Snapshot, when an agent started and stopped at once
+    # is told to stop: it must not hold the discovery thread for the whole tree.
+    for i in range(workdir_watch.STOP_EVERY + 10):
+        (root / f"d{i}").mkdir()
+    changes = Changes()
+    stop_r, stop_w = os.pipe()
+    tree = workdirs._Tree((str(root),), 3)
+    watcher = workdir_watch._Watcher(tree, "workdir", changes, stop_r)
+    try:
+        os.write(stop_w, b"x")
+        with pytest.raises(workdir_watch._Stopped):
+            watcher.sync()
+        assert [type(c) for c in changes.seen] == [Snapshot]
+        assert len(watcher.ino.dirs) == workdir_watch.STOP_EVERY - 1
+    finally:
+        watcher.ino.close()
+        os.close(stop_r)
+        os.close(stop_w)

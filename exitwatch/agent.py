@@ -270,9 +270,11 @@ class Agent:
                 if emptied is not None:
                     self._unwatch(emptied)
             case Snapshot(kind=kind, resources=resources):
-                fresh = {(kind, r.key) for r in resources}
-                for key in [k for k in self._given_up if k[0] == kind and k not in fresh]:
-                    del self._given_up[key]
+                # Only with something given up: a start-up Snapshot holds 100,000 workdirs.
+                if any(k[0] == kind for k in self._given_up):
+                    fresh = {(kind, r.key) for r in resources}
+                    for key in [k for k in self._given_up if k[0] == kind and k not in fresh]:
+                        del self._given_up[key]
                 self._periodic.replaced(kind)
                 added, emptied = self.index.replace_kind(kind, resources)
                 for owner in emptied:

@@ -26,7 +26,7 @@ import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.owner import Owner, current_boot_id, owner_of
-from exitwatch.resources import fsops
+from exitwatch.resources import fsops, workdir_watch, workdirs
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
 from exitwatch.resources.workdirs import Workdirs
 
@@ -393,6 +393,40 @@ def test_start_reports_a_snapshot_first_then_changes(
     os.rename(before, root / "renamed")
     changes.wait(found(root / "renamed"), "the renamed workdir")
     assert not any(isinstance(c, Snapshot) for c in changes.seen[1:])
+
+
+def test_start_loses_nothing_changed_between_the_snapshot_and_the_watches(
+    root: Path, owner: Owner
+) -> None:
+    # The Snapshot is reported before any watch exists; the reporting thread is held
+    # right there while the tree changes under it.
+    unmarked, moved = marked(root / "a" / "unmarked"), marked(root / "moved")
+    rewritten = marked(root / "rewritten")
+    changes = Changes()
+    changes.gate.clear()
+    kind = Workdirs([str(root)])
+    kind.start(changes)
+    try:
+        assert changes.blocked.wait(30), "the snapshot was never reported"
+        new = marked(root / "a" / "new")
+        os.unlink(unmarked / MARKER)
+        os.rename(moved, root / "a" / "moved")
+        other = Owner(owner.boot_id, owner.pid, owner.starttime + 1)
+        write_marker(rewritten, other)
+        changes.gate.set()
+        first = changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
+        assert keys(first) == {str(unmarked), str(moved), str(rewritten)}
+        changes.wait(found(new), "the workdir made meanwhile")
+        changes.wait(found(root / "a" / "moved"), "the workdir moved meanwhile")
+        changes.wait(gone(moved), "its old path to go")
+        changes.wait(gone(unmarked), "the workdir unmarked meanwhile to go")
+        changes.wait(
+            lambda c: found(rewritten)(c) and c.resource.owner == other,
+            "the new owner of the rewritten marker",
+        )
+    finally:
+        changes.gate.set()
+        kind.stop()
 
 
 def test_start_follows_a_directory_whose_marker_goes_and_comes(
@@ -888,3 +922,24 @@ def test_a_deeply_nested_marker_is_one_warning(root: Path, caplog: pytest.LogCap
         str(wd / MARKER) in r.getMessage() and "nested too deeply" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_a_stop_ends_the_watching_walk_within_a_thousand_directories(root: Path) -> None:
+    # The watching walk follows the Snapshot, when an agent started and stopped at once
+    # is told to stop: it must not hold the discovery thread for the whole tree.
+    for i in range(workdir_watch.STOP_EVERY + 10):
+        (root / f"d{i}").mkdir()
+    changes = Changes()
+    stop_r, stop_w = os.pipe()
+    tree = workdirs._Tree((str(root),), 3)
+    watcher = workdir_watch._Watcher(tree, "workdir", changes, stop_r)
+    try:
+        os.write(stop_w, b"x")
+        with pytest.raises(workdir_watch._Stopped):
+            watcher.sync()
+        assert [type(c) for c in changes.seen] == [Snapshot]
+        assert len(watcher.ino.dirs) == workdir_watch.STOP_EVERY - 1
+    finally:
+        watcher.ino.close()
+        os.close(stop_r)
+        os.close(stop_w)

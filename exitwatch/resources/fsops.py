@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import struct
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -77,6 +78,13 @@ def _how(flags: int, resolve: int) -> _OpenHow:
     return _OpenHow(flags, 0, resolve)  # cached: kept alive for as long as it is passed
 
 
+_SUBDIR_HOW = _how(_DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV | RESOLVE_BENEATH)
+_SUBDIR_HOW_AT = ctypes.addressof(_SUBDIR_HOW)
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+_FS_ENCODING = sys.getfilesystemencoding()  # what os.fsencode uses, looked up once
+_FS_ERRORS = sys.getfilesystemencodeerrors()
+
+
 def _openat2(dir_fd: int, name: str, flags: int, resolve: int) -> int:
     how = _how(flags, resolve)
     fd = _syscall4(
@@ -116,10 +124,26 @@ def open_dir(dir_fd: int, name: str) -> int:
     """
     if "/" in name or name in ("", ".", ".."):
         raise OSError(errno.EINVAL, "not a single path component", name)
-    if have_openat2():
-        return _openat2(
-            dir_fd, name, _DIR_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV | RESOLVE_BENEATH
-        )
+    return _subdir_opener()(dir_fd, name)
+
+
+def _subdir_opener() -> Callable[[int, str], int]:
+    """How to open a subdirectory by a name known to be one path component."""
+    return _open_subdir2 if have_openat2() else _open_subdir
+
+
+def _open_subdir2(dir_fd: int, name: str) -> int:
+    # _openat2 unrolled: a walk opens 100,000 directories this way.
+    fd = _syscall4(
+        _SYS_OPENAT2, dir_fd, name.encode(_FS_ENCODING, _FS_ERRORS), _SUBDIR_HOW_AT, _HOW_SIZE
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), name)
+    return fd
+
+
+def _open_subdir(dir_fd: int, name: str) -> int:
     fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     try:
         if os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev or mount_id(fd) != mount_id(dir_fd):
@@ -153,32 +177,41 @@ def walk_dirs(
     say). A TRANSIENT error (a full fd table) raises: what was not walked must not read
     as empty. At most one fd per level is open at a time.
     """
+    open_subdir = _subdir_opener()
+    # (fd, its path with a trailing slash, its depth, its entries still to look at)
     stack: list[tuple[int, str, int, Iterator[os.DirEntry[str]]]] = []
     try:
         while True:
             if visit(fd, path, depth) and depth < limit:
-                stack.append((fd, path, depth, os.scandir(fd)))
+                prefix = path if path.endswith("/") else path + "/"
+                stack.append((fd, prefix, depth, os.scandir(fd)))
             else:
                 os.close(fd)
             fd = -1
             while stack and fd < 0:
-                parent, ppath, pdepth, entries = stack[-1]
-                entry = next(entries, None)
-                if entry is None:
-                    entries.close()
-                    os.close(parent)
-                    stack.pop()
-                elif entry.is_dir(follow_symlinks=False):
-                    path, depth = os.path.join(ppath, entry.name), pdepth + 1
+                parent, prefix, pdepth, entries = stack[-1]
+                for entry in entries:
+                    # d_type from the listing: no stat for what is not a directory
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
                     try:
-                        fd = open_dir(parent, entry.name)
+                        fd = open_subdir(parent, entry.name)
                     except OSError as err:
                         if err.errno in TRANSIENT:
                             raise
                         if err.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
                             log.warning(
-                                "cannot open directory %s: %s", printable(path), err.strerror
+                                "cannot open directory %s: %s",
+                                printable(prefix + entry.name),
+                                err.strerror,
                             )
+                        continue
+                    path, depth = prefix + entry.name, pdepth + 1
+                    break
+                else:
+                    entries.close()
+                    os.close(parent)
+                    stack.pop()
             if fd < 0:
                 return
     finally:
@@ -219,11 +252,15 @@ class NotRegular(OSError):
     """The name is not a regular file; str() says what it is instead."""
 
 
+_PIN_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
 def pin(dir_fd: int, name: str) -> int:
     """An O_PATH descriptor of `name` in `dir_fd` (of the symlink itself, if it is one), to
     fstat and then read_pinned. O_PATH opens nothing: no FIFO blocks, no device driver runs.
     Raises OSError."""
-    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    return os.open(name, _PIN_FLAGS, dir_fd=dir_fd)
 
 
 def read_pinned(pfd: int, st: os.stat_result, limit: int) -> bytes:
@@ -234,17 +271,20 @@ def read_pinned(pfd: int, st: os.stat_result, limit: int) -> bytes:
     """
     if not stat.S_ISREG(st.st_mode):
         raise NotRegular(f"is {file_type(st.st_mode)}, not a regular file")
-    fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    fd = os.open(f"/proc/self/fd/{pfd}", _READ_FLAGS)
     try:
-        chunks, size = [], 0
+        # All that fstat saw, in one read as a rule: no second read just to meet the end of
+        # the file (a walk of 100,000 markers pays each syscall 100,000 times).
+        data = os.read(fd, limit + 1)
+        if not data or len(data) >= st.st_size or len(data) > limit:
+            return data
+        chunks, size = [data], len(data)
         while size <= limit:
             chunk = os.read(fd, limit + 1 - size)
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
-            # All that fstat saw: no second read just to meet the end of the file (a walk of
-            # 100,000 markers pays each syscall 100,000 times).
             if size >= st.st_size:
                 break
         return b"".join(chunks)

@@ -27,6 +27,7 @@ POLL_INTERVAL = 1.0  # the least time between rescans when inotify cannot be use
 RESCAN_SHARE = 0.1
 POLL_MAX = 60.0  # the most time between rescans (a new workdir waits at most this long)
 RECHECK = 2.0  # seconds before what could not be read is looked at again
+STOP_EVERY = 1000  # directories watched between two looks for a stop
 # IN_CREATE too: a marker made in place by link, symlink or mknod raises nothing else.
 _MARKER_CHANGED = fsops.IN_CREATE | fsops.IN_MOVED_TO | fsops.IN_CLOSE_WRITE
 _MARKER_CHANGED |= fsops.IN_DELETE | fsops.IN_MOVED_FROM
@@ -71,6 +72,10 @@ class _Overflow(Exception):
     """The inotify queue overflowed: changes were lost."""
 
 
+class _Stopped(Exception):
+    """Discovery was asked to stop in the middle of a walk."""
+
+
 def follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
     """Report the workdirs of `tree` to `notify` as resources of `kind` until `stop_fd`
     becomes readable: a Snapshot first, then Found and Gone changes. `mode` is told how."""
@@ -91,7 +96,7 @@ def follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> N
 def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
     while True:  # one inotify instance per turn; an overflow starts afresh
         try:
-            watcher = _Watcher(tree, kind, notify)
+            watcher = _Watcher(tree, kind, notify, stop_fd)
         except OSError as err:
             raise _Fallback(f"inotify is unavailable: {err.strerror}") from None
         try:
@@ -104,6 +109,8 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
                 for wd, mask, name in watcher.ino.read():
                     watcher.handle(wd, mask, name)
                 timeout = watcher.recheck()
+            return
+        except _Stopped:
             return
         except _Overflow:
             log.warning("inotify queue overflowed: rescanning the workdir roots")
@@ -152,8 +159,9 @@ class _Watcher:
     again after RECHECK.
     """
 
-    def __init__(self, tree: Tree, kind: str, notify: Notify) -> None:
-        self.tree, self.kind, self.notify = tree, kind, notify
+    def __init__(self, tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
+        self.tree, self.kind, self.notify, self.stop_fd = tree, kind, notify, stop_fd
+        self.watched = 0  # watches added, to look for a stop every STOP_EVERY of them
         self.ino = fsops.Inotify()
         self.known: dict[str, Resource] = {}
         self.visited: set[str] = set()
@@ -161,11 +169,26 @@ class _Watcher:
         self.recheck_at = 0.0
 
     def sync(self) -> None:
-        """Watch everything, then report the complete set: nothing is lost in between."""
-        self.known = self.tree.walk_roots(self.watch)
+        """Report the complete set, then watch everything and report what changed since.
+
+        The Snapshot comes from a walk without watches: adding 100,000 of them costs more
+        than the walk, and the agent needs the set, not the watches, to start reaping. A
+        change made after the first walk looked at a directory is not lost: the second walk
+        watches each directory before it reads it again, so the change is either read then
+        or reported by inotify after. Markers read in the first walk are not read again
+        (the tree remembers them while their stat stays).
+        """
+        self.known = self.tree.walk_roots(None)
         self.notify(Snapshot(self.kind, tuple(self.known[p] for p in sorted(self.known))))
+        found = self.tree.walk_roots(self.watch)
+        _report(self.kind, self.notify, self.known, found, self.known.keys() | found.keys())
 
     def watch(self, fd: int, path: str, depth: int) -> None:
+        # The watching walk comes after the Snapshot, when a stop is likely (an agent
+        # started and stopped at once): it must not hold the thread for seconds.
+        self.watched += 1
+        if not self.watched % STOP_EVERY and _wait(self.stop_fd, None, 0):
+            raise _Stopped
         try:
             self.ino.watch(fd, path, depth)
         except OSError as err:

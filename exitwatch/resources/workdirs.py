@@ -121,6 +121,14 @@ class _Seen(NamedTuple):
     hides: bool  # a valid claim: what lies below is the workdir's own content
 
 
+_UNMARKED = _Seen((), None, False)
+
+
+def _where(path: str) -> str:
+    """The marker of the directory `path`, for a message."""
+    return printable(os.path.join(path, MARKER))
+
+
 class _Tree:
     """The workdirs below the roots, found by walking them (a workdir_watch.Tree).
 
@@ -199,12 +207,11 @@ class _Tree:
 
     def _marker(self, fd: int, path: str, fresh: bool) -> _Seen:
         """What the marker of directory `fd` (at `path`) is, if it has one."""
-        unmarked = _Seen((), None, False)
         try:
             pfd = fsops.pin(fd, MARKER)  # what is stat'ed is what is read
         except FileNotFoundError:
             self._forget(path)
-            return unmarked
+            return _UNMARKED
         except OSError as err:
             return self._unsure(path, err)
         try:
@@ -213,19 +220,26 @@ class _Tree:
             os.close(pfd)
 
     def _pinned(self, pfd: int, fd: int, path: str, fresh: bool) -> _Seen:
-        unmarked = _Seen((), None, False)
         try:
             st = os.fstat(pfd)
             dst = os.fstat(fd)
         except OSError as err:
             return self._unsure(path, err)
-        sig = (dst.st_uid, st.st_dev, st.st_ino, st.st_mode, st.st_nlink, st.st_uid)
-        sig += (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        sig = (
+            dst.st_uid,
+            st.st_dev,
+            st.st_ino,
+            st.st_mode,
+            st.st_nlink,
+            st.st_uid,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+        )
         old = self.markers.get(path) or self.previous.get(path)
         if old is not None and old.sig == sig:
             self.markers[path] = old
             return old
-        where = printable(os.path.join(path, MARKER))
         try:
             owner = _read_pinned(pfd, st)
         except MarkerError as err:
@@ -233,9 +247,9 @@ class _Tree:
             if fresh and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 # Made in place, it may still be being written: not wrong yet. Closing it
                 # after writing brings it back (a hard link, with two, is already whole).
-                self.markers[path] = unmarked  # read again next time
-                return unmarked
-            log.warning("marker %s %s; workdir skipped", where, err)
+                self.markers[path] = _UNMARKED  # read again next time
+                return _UNMARKED
+            log.warning("marker %s %s; workdir skipped", _where(path), err)
             self.markers[path] = _Seen(sig, None, False)
             return self.markers[path]
         except OSError as err:
@@ -245,10 +259,12 @@ class _Tree:
         if why is not None:
             # Indexed all the same, so that its owner's death leaves a refusal on record.
             log.warning(
-                "marker %s %s: it is not removed, and workdirs below it are looked for", where, why
+                "marker %s %s: it is not removed, and workdirs below it are looked for",
+                _where(path),
+                why,
             )
-        self.markers[path] = _Seen(sig, Resource(KIND, path, owner, name=path), why is None)
-        return self.markers[path]
+        seen = self.markers[path] = _Seen(sig, Resource(KIND, path, owner, name=path), why is None)
+        return seen
 
     def _unsure(self, path: str, err: OSError) -> _Seen:
         """The marker at `path` cannot be read now: what was known of it stands, and it is
@@ -262,7 +278,7 @@ class _Tree:
         self.unsure.add(path)
         old = self.markers.get(path) or self.previous.get(path)
         if old is None:
-            return _Seen((), None, False)
+            return _UNMARKED
         self.markers[path] = old
         return old
 

@@ -187,7 +187,7 @@ class _Watcher:
         # The watching walk comes after the Snapshot, when a stop is likely (an agent
         # started and stopped at once): it must not hold the thread for seconds.
         self.watched += 1
-        if not self.watched % STOP_EVERY and _wait(self.stop_fd, None, 0):
+        if not self.watched % STOP_EVERY and wait(self.stop_fd, None, 0):
             raise _Stopped
         try:
             self.ino.watch(fd, path, depth)

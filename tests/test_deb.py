@@ -78,7 +78,8 @@ def test_man_page_lists_every_command_and_option() -> None:
                         f"{path} {opt} is missing from exitwatch(8)"
                     )
             elif isinstance(param, click.Argument):
-                assert param.human_readable_name in by_command[escaped].splitlines()[0]
+                name = param.human_readable_name.replace("-", "\\-")
+                assert name in by_command[escaped].splitlines()[0]
     assert "\\-\\-version" in page
 
 

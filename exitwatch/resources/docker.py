@@ -277,7 +277,8 @@ class Containers(ResourceKind):
             r.key: (r.name, None) for r in mine if r.group is None
         }
         whole = []
-        for project in sorted({r.group for r in mine if r.group is not None}):
+        projects = sorted({r.group for r in mine if r.group is not None})
+        for project in projects:
             given = [r for r in mine if r.group == project]
             targets, is_whole, said = self._plan_project(owner, project, given)
             outcomes += said
@@ -298,7 +299,8 @@ class Containers(ResourceKind):
                 outcomes += pool.map(one, doomed.items())
         for project in whole:
             outcomes += self._remove_networks(project, compose.started_at(owner), dry_run)
-        return outcomes + self._remove_labelled(owner, dry_run, outcomes)
+        held = {p for p in projects if p not in whole}
+        return outcomes + self._remove_labelled(owner, dry_run, outcomes, held)
 
     def _plan_project(
         self, owner: Owner, project: str, given: list[Resource]
@@ -418,10 +420,13 @@ class Containers(ResourceKind):
         found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
 
-    def _remove_labelled(self, owner: Owner, dry_run: bool, done: list[Outcome]) -> list[Outcome]:
+    def _remove_labelled(
+        self, owner: Owner, dry_run: bool, done: list[Outcome], held: set[str]
+    ) -> list[Outcome]:
         """Remove the networks and volumes labelled with `owner` (a compose project's named
-        volumes and networks, or ones made by hand), once none of its containers is left.
-        Those already dealt with in `done` are skipped."""
+        volumes and networks, or ones made by hand), once none of its containers is left and
+        no container at all uses them. Those already dealt with in `done` are skipped, and
+        those of a compose project in `held` (one not removed as a whole) stay with it."""
         label = f"{LABEL_OWNER}={owner}"
         seen = {o.extra.get("id") for o in done}
         try:
@@ -437,19 +442,36 @@ class Containers(ResourceKind):
             ("volume", vols, "Name", self._engine.remove_volume),
         ):
             for item in items:
-                if _kept(item.get("Labels") or {}):
+                labels = item.get("Labels") or {}
+                if _kept(labels):
                     continue
                 said = functools.partial(
                     Outcome, f"{kind} {item.get('Name', '')}", kind, extra={"id": item[key]}
                 )
-                if dry_run:
+                project = labels.get(LABEL_COMPOSE_PROJECT)
+                if project in held:
+                    why = f"compose project {project} was not removed as a whole"
+                    outcomes.append(said(False, why, True))
+                elif dry_run:
                     outcomes.append(said(True, "dry run: would remove"))
                 elif left:
                     names = ", ".join(_name(c) for c in left)
                     outcomes.append(said(False, f"containers of the owner remain: {names}", True))
                 else:
-                    outcomes.append(said(*_attempt(functools.partial(call, item[key]))))
+                    outcomes.append(said(*self._remove_unused(kind, item[key], call)))
         return outcomes
+
+    def _remove_unused(self, kind: str, ident: str, call: Callable[[str], None]) -> tuple:
+        """Remove a network or volume unless a container, of any owner or none, uses it:
+        removing it would cut a stopped container off, and a running one makes the engine
+        refuse. Such a one is left (a refusal), for whoever owns that container."""
+        try:
+            users = self._engine.users(kind, ident)
+        except ENGINE_ERRORS as err:
+            return False, f"listing the containers that use it: {engine_error(err)}"
+        if users:
+            return False, f"in use by containers: {', '.join(_name(c) for c in users)}", True
+        return _attempt(functools.partial(call, ident))
 
 
 def _ns_time(ns: int) -> str:

@@ -90,8 +90,9 @@ def _snapshot(engine: Engine) -> Snapshot:
     return Snapshot("container", tuple(r for r in found if r is not None))
 
 
-def _attempt(call: Callable[[], None]) -> tuple[bool, str]:
-    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not)."""
+def _attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[bool, str]:
+    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not).
+    A client error ends it at once, but for the statuses in `again`."""
     problem = ""
     for n in range(ATTEMPTS):
         try:
@@ -102,7 +103,7 @@ def _attempt(call: Callable[[], None]) -> tuple[bool, str]:
         except ENGINE_ERRORS as err:
             problem = engine_error(err)
             # A refusal stays a refusal; 409 is mostly "removal already in progress".
-            if isinstance(err, APIError) and err.is_client_error() and err.status_code != 409:
+            if isinstance(err, APIError) and err.is_client_error() and err.status_code not in again:
                 break
         if n + 1 < ATTEMPTS:
             time.sleep(RETRY_PAUSE * 2**n)
@@ -336,6 +337,9 @@ class Containers(ResourceKind):
             for r in given
             if r.key not in own
         ]
+        if not listed:
+            # Nothing is left to hold it: a retry after its networks failed to go finds them.
+            return {}, True, said
         if holders:
             why = "not removed as a whole: " + "; ".join(holders)
             said.append(Outcome(f"compose project {project}", "project", False, why, True))
@@ -405,7 +409,7 @@ class Containers(ResourceKind):
                 outcomes.append(said(False, f"containers remain in the project: {left}", True))
             else:
                 outcomes.append(
-                    said(*_attempt(functools.partial(self._engine.remove_network, net["Id"])))
+                    said(*self._remove_unused("network", net["Id"], self._engine.remove_network))
                 )
         return outcomes
 
@@ -471,7 +475,9 @@ class Containers(ResourceKind):
             return False, f"listing the containers that use it: {engine_error(err)}"
         if users:
             return False, f"in use by containers: {', '.join(_name(c) for c in users)}", True
-        return _attempt(functools.partial(call, ident))
+        # 403 "active endpoints" is a known race: the engine lets go of a network a moment
+        # after the containers that used it are gone.
+        return _attempt(functools.partial(call, ident), (409, 403) if kind == "network" else (409,))
 
 
 def _ns_time(ns: int) -> str:

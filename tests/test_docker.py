@@ -373,6 +373,21 @@ def test_a_kept_container_stays_and_so_do_the_networks_it_uses(
     assert net.refused and not net.ok
 
 
+def test_a_kept_network_of_the_project_stays(
+    engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
+) -> None:
+    owner = dead_owner()
+    project = compose_up(owner, str(dead_owner()))
+    labels = {LABEL_COMPOSE_PROJECT: project, LABEL_KEEP: "true"}
+    engine.client.api.create_network(f"{project}_kept", labels=labels)
+
+    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+
+    assert project_containers(engine, project) == {}
+    assert project_networks(engine, project) == [f"{project}_kept"]
+    assert [o.what for o in outcomes if o.kind == "network"] == [f"network {project}_inner"]
+
+
 def racing_remove_network(
     engine: PrivateEngine, kind: Containers, times: int
 ) -> tuple[list[str], list[str]]:

@@ -383,7 +383,7 @@ class Containers(ResourceKind):
     def _remove_networks(self, project: str, since: float | None, dry_run: bool) -> list[Outcome]:
         """Remove the networks of a project whose containers were just removed, unless some
         container is left (a kept one, one that would not go, or one created meanwhile), or
-        the network is older than the owner (compose.py)."""
+        the network is older than the owner (compose.py), or is labelled exitwatch.keep=true."""
         label = f"{LABEL_COMPOSE_PROJECT}={project}"
         try:
             nets = self._engine.networks(label)
@@ -394,6 +394,8 @@ class Containers(ResourceKind):
         left = ", ".join(_name(c) for c in listed)
         outcomes = []
         for net in nets:
+            if _kept(net.get("Labels") or {}):
+                continue
             extra = {"id": net["Id"], "project": project}
             said = functools.partial(
                 Outcome, f"network {net.get('Name', '')}", "network", extra=extra

@@ -454,7 +454,12 @@ class Agent:
             "owners": len(self.index),
             "resources": dict(+self.index.counts),
             "pending": len(jobs),
-            "oldest_pending": max((time.monotonic() - job.at for job in jobs), default=0.0),
+            # An on-death hook may rightly run for an hour or wait on a runner's lock: its age
+            # says nothing of a removal hanging, which is what this gauge is watched for.
+            "oldest_pending": max(
+                (time.monotonic() - job.at for job in jobs if job.kind.kind != "hook"),
+                default=0.0,
+            ),
             "last_reconcile": last["at"] if last else 0,
             "reconcile_interval": self._periodic.interval,
         }

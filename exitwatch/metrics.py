@@ -63,7 +63,7 @@ GAUGES = {
     "exitwatch_owners_watched": ("Live owners holding resources.", "owners"),
     "exitwatch_removals_pending": ("Removals running or waiting to retry.", "pending"),
     "exitwatch_oldest_pending_removal_seconds": (
-        "Age of the oldest removal running or waiting to retry, from its owner's death.",
+        "Age of the oldest removal (not hook) running or waiting to retry, from its owner's death.",
         "oldest_pending",
     ),
     "exitwatch_engine_connected": ("1 while the Docker engine answers.", "engine_connected"),

@@ -373,6 +373,77 @@ def test_a_kept_container_stays_and_so_do_the_networks_it_uses(
     assert net.refused and not net.ok
 
 
+def test_a_kept_network_of_the_project_stays(
+    engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
+) -> None:
+    owner = dead_owner()
+    project = compose_up(owner, str(dead_owner()))
+    labels = {LABEL_COMPOSE_PROJECT: project, LABEL_KEEP: "true"}
+    engine.client.api.create_network(f"{project}_kept", labels=labels)
+
+    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+
+    assert project_containers(engine, project) == {}
+    assert project_networks(engine, project) == [f"{project}_kept"]
+    assert [o.what for o in outcomes if o.kind == "network"] == [f"network {project}_inner"]
+
+
+def racing_remove_network(
+    engine: PrivateEngine, kind: Containers, times: int
+) -> tuple[list[str], list[str]]:
+    """Make the first `times` network removals meet a running container on the network, as
+    when the engine has not yet let go of the endpoints of containers just removed: the
+    engine answers 403. The container goes after each refusal. (calls, containers started)"""
+    real, calls, strangers = kind._engine.remove_network, [], []
+
+    def remove(nid: str) -> None:
+        calls.append(nid)
+        if len(calls) > times:
+            return real(nid)
+        strangers.append(run(engine, f"--network={nid}"))
+        try:
+            real(nid)
+        finally:
+            engine.client.api.remove_container(strangers[-1], force=True)
+
+    kind._engine.remove_network = remove
+    return calls, strangers
+
+
+def test_a_network_refused_for_active_endpoints_is_tried_again(
+    engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
+) -> None:
+    owner = dead_owner()
+    project = compose_up(owner, str(dead_owner()))
+    calls, strangers = racing_remove_network(engine, kind, times=1)
+
+    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+
+    [net] = [o for o in outcomes if o.kind == "network"]
+    assert (net.ok, net.detail, len(calls), len(strangers)) == (True, "removed", 2, 1)
+    assert project_networks(engine, project) == []
+
+
+def test_a_retry_of_the_job_finds_the_network_its_containers_left(
+    engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
+) -> None:
+    owner = dead_owner()
+    project = compose_up(owner, str(dead_owner()))
+    held = held_by(kind, owner)
+    calls, _ = racing_remove_network(engine, kind, times=3)
+
+    first = kind.remove(owner, held, dry_run=False)
+
+    [net] = [o for o in first if o.kind == "network"]
+    assert not net.ok and not net.refused and "403" in net.detail, net
+    assert project_containers(engine, project) == {} and len(calls) == 3
+    # The agent retries the job with the same resources, every container of it gone now.
+    again = kind.remove(owner, held, dry_run=False)
+    [net] = [o for o in again if o.kind == "network"]
+    assert (net.ok, net.detail) == (True, "removed")
+    assert project_networks(engine, project) == []
+
+
 def test_dry_run_leaves_a_compose_project_whole(
     engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
 ) -> None:

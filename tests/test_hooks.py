@@ -249,7 +249,10 @@ def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_
     owner's workdir: hooks run on workers of their own."""
     config = tmp_path / "config.toml"
     config.write_text("reap_workers = 1\n")
-    agent = hook_agent("--config", str(config))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = hook_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
     started = tmp_path / "hook-pid"
     hung, other = spawn_owner(), spawn_owner()
     script = f"echo $$ > {started}.tmp; mv {started}.tmp {started}; exec sleep 300"
@@ -265,6 +268,13 @@ def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_
         kill(other)
         wait_for(lambda: not workdir.exists(), DEADLINE, "the workdir removed beside the hook")
         assert state(int(started.read_text())) not in (None, "Z")  # still hanging
+        # A hook may run for an hour: it is pending, but the pending-too-long alert's gauge
+        # does not age with it.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        lines = metrics.splitlines()
+        assert "exitwatch_removals_pending 1.0" in lines
+        assert "exitwatch_oldest_pending_removal_seconds 0.0" in lines
     finally:
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
             os.kill(int(started.read_text()), signal.SIGKILL)

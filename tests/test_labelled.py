@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import docker.errors
 import pytest
 
-from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
+from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner
 from exitwatch.resources.docker import Containers
 
@@ -109,3 +109,43 @@ def test_a_live_owner_is_refused_but_an_ended_run_is_not(
     outcomes = kind.remove_ended(live_owner, held, dry_run=False)
     assert all(o.ok for o in outcomes) and len(outcomes) == 2
     assert kind.owned(live_owner) == [] and not present(engine, "network", "runnet")
+
+
+def test_one_used_by_any_other_container_stays(engine: PrivateEngine, kind: Containers) -> None:
+    # A stopped container of no owner would lose its network; a running one makes the
+    # engine refuse (403), which would end "given up".
+    api = engine.client.api
+    dead = dead_owner()
+    mine = {LABEL_OWNER: str(dead)}
+    api.create_network("sharednet", labels=mine)
+    api.create_volume("sharedvol", labels=mine)
+    api.start(make(engine, "stranger", {}, "sharednet", "sharedvol"))
+
+    outcomes = kind.remove(dead, [], dry_run=False)
+
+    said = {o.what: (o.ok, o.refused, o.detail) for o in outcomes}
+    why = "in use by containers: stranger"
+    assert said == {"network sharednet": (False, True, why), "volume sharedvol": (False, True, why)}
+    assert present(engine, "network", "sharednet") and present(engine, "volume", "sharedvol")
+
+
+def test_those_of_a_project_not_removed_whole_stay(
+    engine: PrivateEngine, kind: Containers, live_owner: Owner
+) -> None:
+    api = engine.client.api
+    dead = dead_owner()
+    project = {LABEL_COMPOSE_PROJECT: "evalproj"}
+    mine = {LABEL_OWNER: str(dead)} | project
+    api.create_network("evalproj_default", labels=mine)
+    make(engine, "evalproj_db_1", mine, "evalproj_default", "evalvol")
+    # The live owner's container of the project uses another network: only the project
+    # rule, not the in-use check, keeps evalproj_default.
+    make(engine, "evalproj_web_1", {LABEL_OWNER: str(live_owner)} | project, "bridge", "webvol")
+
+    outcomes = kind.remove(dead, kind.owned(dead), dry_run=False)
+
+    said = {o.what: (o.ok, o.refused, o.detail) for o in outcomes}
+    why = "compose project evalproj was not removed as a whole"
+    assert said["network evalproj_default"] == (False, True, why)
+    assert said["compose project evalproj"][:2] == (False, True)
+    assert present(engine, "network", "evalproj_default")

@@ -90,8 +90,9 @@ def _snapshot(engine: Engine) -> Snapshot:
     return Snapshot("container", tuple(r for r in found if r is not None))
 
 
-def _attempt(call: Callable[[], None]) -> tuple[bool, str]:
-    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not)."""
+def _attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[bool, str]:
+    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not).
+    A client error ends it at once, but for the statuses in `again`."""
     problem = ""
     for n in range(ATTEMPTS):
         try:
@@ -102,7 +103,7 @@ def _attempt(call: Callable[[], None]) -> tuple[bool, str]:
         except ENGINE_ERRORS as err:
             problem = engine_error(err)
             # A refusal stays a refusal; 409 is mostly "removal already in progress".
-            if isinstance(err, APIError) and err.is_client_error() and err.status_code != 409:
+            if isinstance(err, APIError) and err.is_client_error() and err.status_code not in again:
                 break
         if n + 1 < ATTEMPTS:
             time.sleep(RETRY_PAUSE * 2**n)
@@ -277,7 +278,8 @@ class Containers(ResourceKind):
             r.key: (r.name, None) for r in mine if r.group is None
         }
         whole = []
-        for project in sorted({r.group for r in mine if r.group is not None}):
+        projects = sorted({r.group for r in mine if r.group is not None})
+        for project in projects:
             given = [r for r in mine if r.group == project]
             targets, is_whole, said = self._plan_project(owner, project, given)
             outcomes += said
@@ -298,7 +300,8 @@ class Containers(ResourceKind):
                 outcomes += pool.map(one, doomed.items())
         for project in whole:
             outcomes += self._remove_networks(project, compose.started_at(owner), dry_run)
-        return outcomes + self._remove_labelled(owner, dry_run, outcomes)
+        held = {p for p in projects if p not in whole}
+        return outcomes + self._remove_labelled(owner, dry_run, outcomes, held)
 
     def _plan_project(
         self, owner: Owner, project: str, given: list[Resource]
@@ -334,6 +337,9 @@ class Containers(ResourceKind):
             for r in given
             if r.key not in own
         ]
+        if not listed:
+            # Nothing is left to hold it: a retry after its networks failed to go finds them.
+            return {}, True, said
         if holders:
             why = "not removed as a whole: " + "; ".join(holders)
             said.append(Outcome(f"compose project {project}", "project", False, why, True))
@@ -377,7 +383,7 @@ class Containers(ResourceKind):
     def _remove_networks(self, project: str, since: float | None, dry_run: bool) -> list[Outcome]:
         """Remove the networks of a project whose containers were just removed, unless some
         container is left (a kept one, one that would not go, or one created meanwhile), or
-        the network is older than the owner (compose.py)."""
+        the network is older than the owner (compose.py), or is labelled exitwatch.keep=true."""
         label = f"{LABEL_COMPOSE_PROJECT}={project}"
         try:
             nets = self._engine.networks(label)
@@ -388,6 +394,8 @@ class Containers(ResourceKind):
         left = ", ".join(_name(c) for c in listed)
         outcomes = []
         for net in nets:
+            if _kept(net.get("Labels") or {}):
+                continue
             extra = {"id": net["Id"], "project": project}
             said = functools.partial(
                 Outcome, f"network {net.get('Name', '')}", "network", extra=extra
@@ -403,7 +411,7 @@ class Containers(ResourceKind):
                 outcomes.append(said(False, f"containers remain in the project: {left}", True))
             else:
                 outcomes.append(
-                    said(*_attempt(functools.partial(self._engine.remove_network, net["Id"])))
+                    said(*self._remove_unused("network", net["Id"], self._engine.remove_network))
                 )
         return outcomes
 
@@ -418,10 +426,13 @@ class Containers(ResourceKind):
         found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
 
-    def _remove_labelled(self, owner: Owner, dry_run: bool, done: list[Outcome]) -> list[Outcome]:
+    def _remove_labelled(
+        self, owner: Owner, dry_run: bool, done: list[Outcome], held: set[str]
+    ) -> list[Outcome]:
         """Remove the networks and volumes labelled with `owner` (a compose project's named
-        volumes and networks, or ones made by hand), once none of its containers is left.
-        Those already dealt with in `done` are skipped."""
+        volumes and networks, or ones made by hand), once none of its containers is left and
+        no container at all uses them. Those already dealt with in `done` are skipped, and
+        those of a compose project in `held` (one not removed as a whole) stay with it."""
         label = f"{LABEL_OWNER}={owner}"
         seen = {o.extra.get("id") for o in done}
         try:
@@ -437,19 +448,38 @@ class Containers(ResourceKind):
             ("volume", vols, "Name", self._engine.remove_volume),
         ):
             for item in items:
-                if _kept(item.get("Labels") or {}):
+                labels = item.get("Labels") or {}
+                if _kept(labels):
                     continue
                 said = functools.partial(
                     Outcome, f"{kind} {item.get('Name', '')}", kind, extra={"id": item[key]}
                 )
-                if dry_run:
+                project = labels.get(LABEL_COMPOSE_PROJECT)
+                if project in held:
+                    why = f"compose project {project} was not removed as a whole"
+                    outcomes.append(said(False, why, True))
+                elif dry_run:
                     outcomes.append(said(True, "dry run: would remove"))
                 elif left:
                     names = ", ".join(_name(c) for c in left)
                     outcomes.append(said(False, f"containers of the owner remain: {names}", True))
                 else:
-                    outcomes.append(said(*_attempt(functools.partial(call, item[key]))))
+                    outcomes.append(said(*self._remove_unused(kind, item[key], call)))
         return outcomes
+
+    def _remove_unused(self, kind: str, ident: str, call: Callable[[str], None]) -> tuple:
+        """Remove a network or volume unless a container, of any owner or none, uses it:
+        removing it would cut a stopped container off, and a running one makes the engine
+        refuse. Such a one is left (a refusal), for whoever owns that container."""
+        try:
+            users = self._engine.users(kind, ident)
+        except ENGINE_ERRORS as err:
+            return False, f"listing the containers that use it: {engine_error(err)}"
+        if users:
+            return False, f"in use by containers: {', '.join(_name(c) for c in users)}", True
+        # 403 "active endpoints" is a known race: the engine lets go of a network a moment
+        # after the containers that used it are gone.
+        return _attempt(functools.partial(call, ident), (409, 403) if kind == "network" else (409,))
 
 
 def _ns_time(ns: int) -> str:

@@ -107,6 +107,11 @@ class Engine:
     def networks(self, label: str) -> list[dict[str, Any]]:
         return self._client().networks(filters={"label": label})
 
+    def users(self, kind: str, ident: str) -> list[dict[str, Any]]:
+        """Every container, of any owner or none, running or not, that uses network or
+        volume `ident` (`kind` is "network" or "volume")."""
+        return self._client().containers(all=True, filters={kind: ident})
+
     def remove_network(self, nid: str) -> None:
         self._client().remove_network(nid)
 

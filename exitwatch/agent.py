@@ -185,13 +185,23 @@ class Agent:
         futures = [future for future, _ in self._running.values()]
         return len(concurrent.futures.wait(futures, timeout).not_done)
 
-    def reconcile(self) -> None:
-        """One pass over everything that exists now: reap what dead owners hold, and wait."""
+    def reconcile(self) -> list[str]:
+        """One pass over everything that exists now: reap what dead owners hold, and wait.
+        Returns what could not be listed, one line each; the other kinds are reaped all
+        the same."""
+        problems = []
         for kind in self.kinds.values():
-            self._handle(kind.scan())
+            try:
+                snapshot = kind.scan()
+            except Exception as err:  # the engine is down, a full fd table...
+                log.error("cannot list the %ss: %s", kind.kind, err)
+                problems.append(f"{kind.kind}s: {err}")
+                continue
+            self._handle(snapshot)
         while self._running or self._retries:
             self._step()
         self._pool.shutdown(wait=True)
+        return problems
 
     def _step(self) -> bool:
         now = time.monotonic()

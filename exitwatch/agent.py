@@ -326,8 +326,13 @@ class Agent:
                 if self.index.owner(*key) != res.owner and key not in self._removing:
                     fresh.append(key)
                     self._handle(Found(res))
-            for key in self.index.keys(snap.kind) - {r.key for r in snap.resources}:
+            listing = {r.key for r in snap.resources}
+            for key in self.index.keys(snap.kind) - listing:
                 self._handle(Gone(snap.kind, key))
+            # What was given up and is gone now (removed by hand, or by a retry of its whole
+            # job) is not shown as given up for ever: it left the index, so no Gone comes.
+            for key in [k for k in self._given_up if k[0] == snap.kind and k[1] not in listing]:
+                del self._given_up[key]
         orphaned = sum(1 for k in fresh if k in self._removing)  # their removal has begun
         self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
 

@@ -101,6 +101,17 @@ def test_a_given_up_resource_is_removed_by_the_next_reconcile(running):
     assert last["run"] >= 1 and last["listed"] == 1
 
 
+def test_what_was_given_up_and_is_gone_is_no_longer_shown_as_given_up(running):
+    kind = Listed()
+    kind.fail = True
+    kind.listing = (thing("stuck"),)
+    agent = running(kind, reap_attempts=1, reconcile_interval=1)
+    wait_for(lambda: agent.counters()["gave_up"] == 1, what="the agent to give up")
+    assert [p["state"] for p in agent.ask(agent.pending)] == ["given up"]
+    kind.listing = ()  # removed by hand meanwhile
+    wait_for(lambda: agent.ask(agent.pending) == [], what="the given-up entry pruned")
+
+
 def test_changes_made_while_it_lists_are_laid_over_its_listing(running):
     kind = Listed()
     kind.listing = (thing("old", ALIVE), thing("deleted", ALIVE))

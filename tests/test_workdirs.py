@@ -222,6 +222,14 @@ def test_scan_raises_when_a_marker_cannot_be_read_now(root: Path) -> None:
     assert len(Workdirs([str(root)]).scan().resources) == 2
 
 
+def test_each_outcome_names_its_workdir(root: Path, owner: Owner) -> None:
+    """So that only the workdirs that failed are retried, not every one of the job."""
+    paths = {str(marked(root / "a")), str(marked(root / "b"))}
+    kind = Workdirs([str(root)])
+    outcomes = kind.remove(owner, list(kind.scan().resources), dry_run=False)
+    assert {o.key for o in outcomes} == paths and all(o.ok for o in outcomes)
+
+
 def test_scan_never_follows_symlinks(root: Path, victim: Path) -> None:
     outside = marked(victim / "sub" / "marked")
     (root / "to-outside").symlink_to(outside)

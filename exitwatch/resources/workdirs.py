@@ -8,6 +8,7 @@ were opened without following symlinks or crossing mounts, and checks again befo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import json
@@ -352,7 +353,11 @@ class Workdirs(ResourceKind):
 
     def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
         """Remove `owner`'s workdirs once its run is over (see Containers.remove_ended)."""
-        return [self._remove_one(owner, res.key, dry_run) for res in resources]
+        # Each names its workdir, so that only the ones that failed are retried.
+        return [
+            dataclasses.replace(self._remove_one(owner, res.key, dry_run), key=res.key)
+            for res in resources
+        ]
 
     def _remove_one(self, owner: Owner, path: str, dry_run: bool) -> Outcome:
         what = f"workdir {printable(path)}"  # for people, and for log lines

@@ -114,6 +114,7 @@ class Agent:
         # Owners whose liveness could not be read (say, the fd table was full), with the
         # hint's time and wait status, judged again at _recheck_at.
         self._rechecks: dict[Owner, tuple[float, int | None]] = {}
+        self._recheck_tries: dict[Owner, int] = {}  # bounds `exitwatch reap`'s wait
         self._recheck_at: float | None = None
         self._periodic = Periodic(config.reconcile_interval, kinds)
         self._stopped = False
@@ -195,12 +196,23 @@ class Agent:
                 snapshot = kind.scan()
             except Exception as err:  # the engine is down, a full fd table...
                 log.error("cannot list the %ss: %s", kind.kind, err)
-                problems.append(f"{kind.kind}s: {err}")
+                problems.append(f"could not list the {kind.kind}s: {err}")
                 continue
             self._handle(snapshot)
-        while self._running or self._retries:
+        # An owner whose liveness could not be read is judged again, up to reap_attempts
+        # times: a one-shot reap must neither skip it silently nor wait for ever.
+        while self._running or self._retries or self._rechecks:
+            if not (self._running or self._retries) and all(
+                self._recheck_tries.get(o, 0) >= self.config.reap_attempts for o in self._rechecks
+            ):
+                break
             self._step()
         self._pool.shutdown(wait=True)
+        if self._rechecks:
+            problems.append(
+                f"could not tell whether {len(self._rechecks)} owners live, "
+                f"{min(self._rechecks)} the first"
+            )
         return problems
 
     def _step(self) -> bool:
@@ -255,6 +267,8 @@ class Agent:
             for owner, (at, status) in rechecks.items():
                 if self.index.resources(owner):  # not reaped or forgotten meanwhile
                     self._confirm(owner, at, status)
+                else:
+                    self._recheck_tries.pop(owner, None)
 
     def _handle(self, item: object) -> None:
         match item:
@@ -399,7 +413,9 @@ class Agent:
                     RECHECK_DELAY,
                 )
             self._rechecks.setdefault(owner, (at, status))
+            self._recheck_tries[owner] = self._recheck_tries.get(owner, 0) + 1
             return
+        self._recheck_tries.pop(owner, None)
         if reason is None:
             return
         # A zombie's reason already tells its wait status, read from /proc.

@@ -215,7 +215,7 @@ def reap(config_path: str | None, **flags: object) -> None:
     agent = Agent(config, kinds)
     problems = agent.reconcile()
     if problems:
-        raise click.ClickException(f"could not list {'; '.join(problems)}")
+        raise click.ClickException("; ".join(problems))
     failed = agent.recorder.counters().get("removal_errors", 0)
     if failed:
         raise click.ClickException(f"{failed} removals failed; see the log above")

@@ -77,5 +77,5 @@ def test_a_kind_that_cannot_be_listed_is_one_line_in_status_and_fails_reap(
 
     reaped = _exitwatch("reap", *common)
     assert reaped.returncode == 1
-    assert reaped.stderr.splitlines()[-1].startswith("Error: could not list hooks: hook spool")
+    assert reaped.stderr.splitlines()[-1].startswith("Error: could not list the hooks: hook spool")
     assert not orphan.exists()

@@ -330,6 +330,10 @@ class Agent:
     def _reconciled(self, scanned: Scanned) -> None:
         """A periodic reconcile's listings, judged like the start-up one: so what was
         missed, refused or given up since is tried again."""
+        # A kind whose start-up listing is still missing (its engine down since boot, say)
+        # has no watcher behind it: the run counts as one that could not list it.
+        waiting = tuple(f"{k}: no start-up listing yet" for k in sorted(self._awaiting_snapshot))
+        scanned = replace(scanned, errors=scanned.errors + waiting)
         listed, fresh = 0, []
         for snap in self._periodic.merge(scanned):
             listed += len(snap.resources)

@@ -112,6 +112,23 @@ def test_what_was_given_up_and_is_gone_is_no_longer_shown_as_given_up(running):
     wait_for(lambda: agent.ask(agent.pending) == [], what="the given-up entry pruned")
 
 
+class Silent(Listed):
+    """A kind whose watcher never sends its start-up listing (its engine is down)."""
+
+    def start(self, notify) -> None:
+        pass
+
+
+def test_a_kind_without_its_start_up_listing_holds_up_no_reconcile(running):
+    kind = Silent()
+    kind.listing = (thing("orphan"),)
+    agent = running(kind, reconcile_interval=1)
+    wait_for(lambda: kind.calls == [["orphan"]], what="a periodic reconcile to reap it")
+    last = agent.ask(agent.reconciling)["last"]
+    assert last["errors"] == ["thing: no start-up listing yet"]
+    assert agent.counters()["reconcile_errors"] >= 1
+
+
 def test_changes_made_while_it_lists_are_laid_over_its_listing(running):
     kind = Listed()
     kind.listing = (thing("old", ALIVE), thing("deleted", ALIVE))

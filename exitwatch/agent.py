@@ -313,9 +313,11 @@ class Agent:
             case _Done(token=token, job=job, failed=failed):
                 del self._running[token]
                 done = [r for r in job.resources if r not in failed]
-                # Gone, or refused: a listing made before is stale on these.
+                # Gone, or refused: a listing made before is stale on these, unless a newer
+                # Found (a new owner's marker, say) put them back in the index meanwhile.
                 for r in done:
-                    self._periodic.changed(r.kind, r.key, None)
+                    if self.index.owner(r.kind, r.key) is None:
+                        self._periodic.changed(r.kind, r.key, None)
                 self._removing.difference_update((r.kind, r.key) for r in done)
                 if not (failed and self._retry(replace(job, resources=failed))):
                     self._removing.difference_update((r.kind, r.key) for r in failed)

@@ -37,6 +37,8 @@ class Listed(ResourceKind):
         self.scanning = threading.Event()
         self.release = threading.Event()
         self.release.set()
+        self.removal = threading.Event()  # cleared: removals wait for it
+        self.removal.set()
 
     def scan(self) -> Snapshot:
         listing = self.listing  # what exists when the scan begins
@@ -53,6 +55,7 @@ class Listed(ResourceKind):
 
     def remove(self, owner, resources, dry_run) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
+        self.removal.wait(10)
         return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
 
 
@@ -145,6 +148,26 @@ def test_changes_made_while_it_lists_are_laid_over_its_listing(running):
     kind.release.set()
     wait_for(lambda: agent.counters()["reconciles"] > done, what="the listing applied")
     assert keys(agent) == {"old", "new"}
+
+
+def test_a_finished_removal_does_not_erase_a_newer_find(running):
+    kind = Listed()
+    agent = running(kind, reconcile_interval=1)
+    kind.removal.clear()
+    agent.submit(Found(thing("x")))
+    wait_for(lambda: kind.calls == [["x"]], what="its removal to begin")
+    kind.scanning.clear()
+    kind.release.clear()
+    kind.listing = (thing("x", ALIVE),)
+    wait_for(kind.scanning.is_set, what="a periodic reconcile to begin listing")
+    # While it lists: a new owner's x is found, then the old x's removal ends.
+    agent.submit(Found(thing("x", ALIVE)))
+    done = agent.counters()["reconciles"]
+    kind.removal.set()
+    wait_for(lambda: agent.counters().get("reaped_thing") == 1, what="the removal to end")
+    kind.release.set()
+    wait_for(lambda: agent.counters()["reconciles"] > done, what="the listing applied")
+    assert keys(agent) == {"x"}
 
 
 def test_the_exit_path_goes_on_while_it_lists(running):

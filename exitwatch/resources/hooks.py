@@ -282,7 +282,8 @@ class Hooks(ResourceKind):
         try:
             _unlink_same(dir_fd, name, hook)
         except OSError as err:
-            # Not retried (it succeeded), but the file stays: the next start runs it again.
+            # Not retried (it succeeded), but the file stays: the next reconcile or start
+            # runs it again.
             log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)
             detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
         return Outcome(what, KIND, True, detail, False, extra, tuple(counts))

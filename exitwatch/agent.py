@@ -114,6 +114,7 @@ class Agent:
         # Owners whose liveness could not be read (say, the fd table was full), with the
         # hint's time and wait status, judged again at _recheck_at.
         self._rechecks: dict[Owner, tuple[float, int | None]] = {}
+        self._recheck_tries: dict[Owner, int] = {}  # bounds `exitwatch reap`'s wait
         self._recheck_at: float | None = None
         self._periodic = Periodic(config.reconcile_interval, kinds)
         self._stopped = False
@@ -185,13 +186,34 @@ class Agent:
         futures = [future for future, _ in self._running.values()]
         return len(concurrent.futures.wait(futures, timeout).not_done)
 
-    def reconcile(self) -> None:
-        """One pass over everything that exists now: reap what dead owners hold, and wait."""
+    def reconcile(self) -> list[str]:
+        """One pass over everything that exists now: reap what dead owners hold, and wait.
+        Returns what could not be listed, one line each; the other kinds are reaped all
+        the same."""
+        problems = []
         for kind in self.kinds.values():
-            self._handle(kind.scan())
-        while self._running or self._retries:
+            try:
+                snapshot = kind.scan()
+            except Exception as err:  # the engine is down, a full fd table...
+                log.error("cannot list the %ss: %s", kind.kind, err)
+                problems.append(f"could not list the {kind.kind}s: {err}")
+                continue
+            self._handle(snapshot)
+        # An owner whose liveness could not be read is judged again, up to reap_attempts
+        # times: a one-shot reap must neither skip it silently nor wait for ever.
+        while self._running or self._retries or self._rechecks:
+            if not (self._running or self._retries) and all(
+                self._recheck_tries.get(o, 0) >= self.config.reap_attempts for o in self._rechecks
+            ):
+                break
             self._step()
         self._pool.shutdown(wait=True)
+        if self._rechecks:
+            problems.append(
+                f"could not tell whether {len(self._rechecks)} owners live, "
+                f"{min(self._rechecks)} the first"
+            )
+        return problems
 
     def _step(self) -> bool:
         now = time.monotonic()
@@ -245,6 +267,8 @@ class Agent:
             for owner, (at, status) in rechecks.items():
                 if self.index.resources(owner):  # not reaped or forgotten meanwhile
                     self._confirm(owner, at, status)
+                else:
+                    self._recheck_tries.pop(owner, None)
 
     def _handle(self, item: object) -> None:
         match item:
@@ -289,9 +313,11 @@ class Agent:
             case _Done(token=token, job=job, failed=failed):
                 del self._running[token]
                 done = [r for r in job.resources if r not in failed]
-                # Gone, or refused: a listing made before is stale on these.
+                # Gone, or refused: a listing made before is stale on these, unless a newer
+                # Found (a new owner's marker, say) put them back in the index meanwhile.
                 for r in done:
-                    self._periodic.changed(r.kind, r.key, None)
+                    if self.index.owner(r.kind, r.key) is None:
+                        self._periodic.changed(r.kind, r.key, None)
                 self._removing.difference_update((r.kind, r.key) for r in done)
                 if not (failed and self._retry(replace(job, resources=failed))):
                     self._removing.difference_update((r.kind, r.key) for r in failed)
@@ -306,6 +332,10 @@ class Agent:
     def _reconciled(self, scanned: Scanned) -> None:
         """A periodic reconcile's listings, judged like the start-up one: so what was
         missed, refused or given up since is tried again."""
+        # A kind whose start-up listing is still missing (its engine down since boot, say)
+        # has no watcher behind it: the run counts as one that could not list it.
+        waiting = tuple(f"{k}: no start-up listing yet" for k in sorted(self._awaiting_snapshot))
+        scanned = replace(scanned, errors=scanned.errors + waiting)
         listed, fresh = 0, []
         for snap in self._periodic.merge(scanned):
             listed += len(snap.resources)
@@ -316,8 +346,13 @@ class Agent:
                 if self.index.owner(*key) != res.owner and key not in self._removing:
                     fresh.append(key)
                     self._handle(Found(res))
-            for key in self.index.keys(snap.kind) - {r.key for r in snap.resources}:
+            listing = {r.key for r in snap.resources}
+            for key in self.index.keys(snap.kind) - listing:
                 self._handle(Gone(snap.kind, key))
+            # What was given up and is gone now (removed by hand, or by a retry of its whole
+            # job) is not shown as given up for ever: it left the index, so no Gone comes.
+            for key in [k for k in self._given_up if k[0] == snap.kind and k[1] not in listing]:
+                del self._given_up[key]
         orphaned = sum(1 for k in fresh if k in self._removing)  # their removal has begun
         self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
 
@@ -384,7 +419,9 @@ class Agent:
                     RECHECK_DELAY,
                 )
             self._rechecks.setdefault(owner, (at, status))
+            self._recheck_tries[owner] = self._recheck_tries.get(owner, 0) + 1
             return
+        self._recheck_tries.pop(owner, None)
         if reason is None:
             return
         # A zombie's reason already tells its wait status, read from /proc.

@@ -207,17 +207,15 @@ def reap(config_path: str | None, **flags: object) -> None:
     config = _config(config_path, **flags)
     logs.setup(config.log_format)
     from exitwatch.agent import Agent
-    from exitwatch.resources.engine import EngineError
 
     kinds = _kinds(config)
     problem = kinds[0].ping()
     if problem is not None:
         raise click.ClickException(problem)
     agent = Agent(config, kinds)
-    try:
-        agent.reconcile()
-    except EngineError as err:
-        raise click.ClickException(str(err)) from None
+    problems = agent.reconcile()
+    if problems:
+        raise click.ClickException("; ".join(problems))
     failed = agent.recorder.counters().get("removal_errors", 0)
     if failed:
         raise click.ClickException(f"{failed} removals failed; see the log above")
@@ -269,6 +267,7 @@ def _scan(config: Config) -> dict:
     kinds = _kinds(config)
     docker = {"endpoint": kinds[0].host, "connected": True}
     skipped = _SkippedMarkers()
+    unlisted = []  # a non-root user cannot list the hook spool: one line, not a warning
     workdirs.log.addFilter(skipped)
     try:
         for kind in kinds:
@@ -276,6 +275,8 @@ def _scan(config: Config) -> dict:
                 index.replace_kind(kind.kind, kind.scan().resources)
             except EngineError as err:
                 docker = {"endpoint": kinds[0].host, "connected": False, "last_error": str(err)}
+            except (OSError, ValueError) as err:
+                unlisted.append(f"{kind.kind}s: {err}")
     finally:
         workdirs.log.removeFilter(skipped)
     owners, pending = [], []
@@ -295,6 +296,7 @@ def _scan(config: Config) -> dict:
         "owners": owners,
         "pending": pending,
         "skipped_markers": skipped.count,
+        "not_listed": unlisted,
     }
 
 

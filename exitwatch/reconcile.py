@@ -49,7 +49,7 @@ class Periodic:
         self.interval = interval
         self._kinds = list(kinds)
         self._submit: Callable[[object], None] | None = None
-        self._next: float | None = None  # monotonic; None until the start-up listing is in
+        self._next: float | None = None  # monotonic; None until the loop starts
         self._run = 0
         self._scanning: int | None = None  # the run under way
         # While a scan is under way: (kind, key) -> the newest Resource, or None once gone;
@@ -59,11 +59,15 @@ class Periodic:
         self.last: dict | None = None
 
     def start(self, submit: Callable[[object], None]) -> None:
-        """Reconcile periodically from now on (the one-shot reap never calls this)."""
+        """Reconcile periodically from now on (the one-shot reap never calls this): not
+        from the start-up listing on, which a kind whose engine is down at boot delays
+        for as long, and the safety net with it for every kind."""
         self._submit = submit
+        if self.interval > 0:
+            self._next = time.monotonic() + self.interval
 
     def ready(self, now: float, recorder: Recorder) -> None:
-        """The start-up listing is in: it counts as the first reconcile."""
+        """The start-up listing is in: it counts as a reconcile, the next due from now."""
         recorder.count("reconciles")
         self.last = {"at": round(time.time(), 3), "run": 0, "start_up": True}
         if self.interval > 0:

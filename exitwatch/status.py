@@ -147,6 +147,7 @@ def render(status: dict) -> str:
         if skipped:
             noun = "marker" if skipped == 1 else "markers"
             out.append(f"  {skipped} {noun} skipped; `exitwatch reap --dry-run` lists them")
+        out += [f"  not listed: {why}" for why in status.get("not_listed", ())]
     docker = status.get("docker") or {}
     if docker:
         health = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"

@@ -4,6 +4,7 @@ process's pid with another start time (a reused pid: dead)."""
 
 from __future__ import annotations
 
+import errno
 import threading
 
 import pytest
@@ -148,3 +149,32 @@ def test_only_what_failed_is_retried_and_a_given_up_one_shows_until_it_is_gone(r
     assert (item["what"], item["state"], item["attempt"]) == (["bad"], "given up", 2)
     agent.submit(Gone("thing", "bad"))
     wait_for(lambda: agent.ask(agent.pending) == [], what="the given-up item to go")
+
+
+class Listing(Things):
+    def scan(self) -> Snapshot:
+        return Snapshot(self.kind, (thing("held"),))
+
+
+@pytest.mark.parametrize("failures", [1, 100])
+def test_a_one_shot_reap_judges_again_an_owner_it_could_not_read(monkeypatch, failures):
+    """Not skipped silently: judged again, and named if it still cannot be read."""
+    from exitwatch import agent as agent_module
+
+    real, calls = agent_module.death, []
+
+    def unreadable(owner):
+        calls.append(owner)
+        if len(calls) <= failures:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(owner)
+
+    monkeypatch.setattr(agent_module, "death", unreadable)
+    monkeypatch.setattr(agent_module, "RECHECK_DELAY", 0.05)
+    kind = Listing()
+    problems = Agent(Config(reap_attempts=3), [kind]).reconcile()
+    if failures == 1:
+        assert problems == [] and kind.calls == [["held"]]
+    else:
+        assert len(calls) == 3 and kind.calls == []
+        assert problems == [f"could not tell whether 1 owners live, {DEAD} the first"]

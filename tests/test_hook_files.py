@@ -33,7 +33,7 @@ from test_workdirs import attacker as attacker  # the unprivileged user, as a fi
 from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
 from exitwatch.owner import Owner
-from exitwatch.resources import hookfile
+from exitwatch.resources import hookfile, hookspool
 from exitwatch.resources.base import Found, Gone
 from exitwatch.resources.hookfile import Hook, ensure_spool
 from exitwatch.resources.hooks import Hooks
@@ -104,9 +104,9 @@ def test_registering_and_reaping_refuse_a_spool_others_could_tamper_with(
     assert done.returncode == 1 and "not sticky" in line
     # A hook found there (as `exitwatch reap` would list it) is not run.
     write(loose / f"{1:032x}.json", body(dead_owner, ["touch", str(canary)]))
-    caplog.set_level(logging.ERROR)
-    assert Hooks(str(loose)).scan().resources == ()
-    assert any("not sticky; no hook runs" in r.getMessage() for r in caplog.records)
+    # An empty listing would read as every hook gone: it raises, and nothing runs.
+    with pytest.raises(hookfile.HookError, match="not sticky"):
+        Hooks(str(loose)).scan()
     assert not canary.exists()
 
 
@@ -321,6 +321,46 @@ def test_following_the_spool_reports_each_change(spool, dead_owner, tmp_path):
         assert Gone("hook", b) in told
         (spool / a).unlink()
         assert next_change() == Gone("hook", a)
+        assert changes.empty()
+    finally:
+        kind.stop()
+
+
+class _FullFdTable:
+    """os for the hook spool module, but opening the spool fails with EMFILE while `full`."""
+
+    def __init__(self, spool: Path) -> None:
+        self.spool, self.full = str(spool), threading.Event()
+
+    def open(self, path, *args, **kw):
+        if self.full.is_set() and path == self.spool:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return os.open(path, *args, **kw)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+def test_a_spool_that_cannot_be_listed_now_loses_no_hook(spool, dead_owner, monkeypatch):
+    """A listing that failed (a full fd table) says nothing of the hooks: what was known
+    stands, and the spool is listed whole again once it can be."""
+    fake = _FullFdTable(spool)
+    monkeypatch.setattr(hookspool, "os", fake)
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    a, b = f"{20:032x}.json", f"{21:032x}.json"
+    write(spool / a, body(dead_owner, ["echo", "a"]))
+    kind.start(changes.put)
+    try:
+        assert [r.key for r in changes.get(timeout=30).resources] == [a]
+        fake.full.set()
+        write(spool / b, body(dead_owner, ["echo", "b"]))
+        with pytest.raises(OSError, match="Too many open files"):
+            kind.scan()
+        with pytest.raises(queue.Empty):  # not Gone(a)
+            changes.get(timeout=1.5)
+        fake.full.clear()
+        assert changes.get(timeout=30).resource.key == b
         assert changes.empty()
     finally:
         kind.stop()

@@ -182,7 +182,9 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
 def test_a_leftover_after_a_rescan_with_no_carrier_meets_the_runs_uid(attacker, runs):
     kind, run = _dead_run_known(attacker, runs)
     found = [r for r in kind.scan().resources if r.owner == run.owner]
-    assert [o.detail for o in kind.remove(run.owner, found, dry_run=False)] == ["killed (SIGKILL)"]
+    outcomes = kind.remove(run.owner, found, dry_run=False)
+    assert [o.detail for o in outcomes] == ["killed (SIGKILL)"]
+    assert [o.key for o in outcomes] == [r.key for r in found]  # only failures are retried
     assert not [r for r in kind.scan().resources if r.owner == run.owner]
     late = _orphan(_as(attacker, "sleep", "1000000"), _carrying(run.owner))
     try:

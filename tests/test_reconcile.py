@@ -37,6 +37,8 @@ class Listed(ResourceKind):
         self.scanning = threading.Event()
         self.release = threading.Event()
         self.release.set()
+        self.removal = threading.Event()  # cleared: removals wait for it
+        self.removal.set()
 
     def scan(self) -> Snapshot:
         listing = self.listing  # what exists when the scan begins
@@ -53,6 +55,7 @@ class Listed(ResourceKind):
 
     def remove(self, owner, resources, dry_run) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
+        self.removal.wait(10)
         return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
 
 
@@ -101,6 +104,34 @@ def test_a_given_up_resource_is_removed_by_the_next_reconcile(running):
     assert last["run"] >= 1 and last["listed"] == 1
 
 
+def test_what_was_given_up_and_is_gone_is_no_longer_shown_as_given_up(running):
+    kind = Listed()
+    kind.fail = True
+    kind.listing = (thing("stuck"),)
+    agent = running(kind, reap_attempts=1, reconcile_interval=1)
+    wait_for(lambda: agent.counters()["gave_up"] == 1, what="the agent to give up")
+    assert [p["state"] for p in agent.ask(agent.pending)] == ["given up"]
+    kind.listing = ()  # removed by hand meanwhile
+    wait_for(lambda: agent.ask(agent.pending) == [], what="the given-up entry pruned")
+
+
+class Silent(Listed):
+    """A kind whose watcher never sends its start-up listing (its engine is down)."""
+
+    def start(self, notify) -> None:
+        pass
+
+
+def test_a_kind_without_its_start_up_listing_holds_up_no_reconcile(running):
+    kind = Silent()
+    kind.listing = (thing("orphan"),)
+    agent = running(kind, reconcile_interval=1)
+    wait_for(lambda: kind.calls == [["orphan"]], what="a periodic reconcile to reap it")
+    last = agent.ask(agent.reconciling)["last"]
+    assert last["errors"] == ["thing: no start-up listing yet"]
+    assert agent.counters()["reconcile_errors"] >= 1
+
+
 def test_changes_made_while_it_lists_are_laid_over_its_listing(running):
     kind = Listed()
     kind.listing = (thing("old", ALIVE), thing("deleted", ALIVE))
@@ -117,6 +148,26 @@ def test_changes_made_while_it_lists_are_laid_over_its_listing(running):
     kind.release.set()
     wait_for(lambda: agent.counters()["reconciles"] > done, what="the listing applied")
     assert keys(agent) == {"old", "new"}
+
+
+def test_a_finished_removal_does_not_erase_a_newer_find(running):
+    kind = Listed()
+    agent = running(kind, reconcile_interval=1)
+    kind.removal.clear()
+    agent.submit(Found(thing("x")))
+    wait_for(lambda: kind.calls == [["x"]], what="its removal to begin")
+    kind.scanning.clear()
+    kind.release.clear()
+    kind.listing = (thing("x", ALIVE),)
+    wait_for(kind.scanning.is_set, what="a periodic reconcile to begin listing")
+    # While it lists: a new owner's x is found, then the old x's removal ends.
+    agent.submit(Found(thing("x", ALIVE)))
+    done = agent.counters()["reconciles"]
+    kind.removal.set()
+    wait_for(lambda: agent.counters().get("reaped_thing") == 1, what="the removal to end")
+    kind.release.set()
+    wait_for(lambda: agent.counters()["reconciles"] > done, what="the listing applied")
+    assert keys(agent) == {"x"}
 
 
 def test_the_exit_path_goes_on_while_it_lists(running):

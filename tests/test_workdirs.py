@@ -190,6 +190,46 @@ def test_scan_finds_markers_down_to_the_depth_limit(root: Path, owner: Owner) ->
     assert keys(Workdirs([str(root)], depth=1).scan()) == {str(shallow)}
 
 
+def test_scan_raises_when_a_marker_cannot_be_read_now(root: Path) -> None:
+    """A periodic reconcile's listing without the workdir would read as it gone."""
+    marked(root / "readable")
+    leased = marked(root / "leased")
+    # Another process holds a write lease on the marker: a non-blocking read fails
+    # (EWOULDBLOCK) until the lease is broken, lease-break-time (45 s) later.
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import fcntl, os, signal, sys; signal.signal(signal.SIGIO, signal.SIG_IGN);"
+            "fd = os.open(sys.argv[1], os.O_RDWR);"
+            "fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK);"
+            "print('leased', flush=True); sys.stdin.read()",
+            str(leased / MARKER),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "leased\n"
+        with pytest.raises(OSError, match="1 markers unreadable now"):
+            Workdirs([str(root)]).scan()
+    finally:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.close()
+        holder.stdout.close()
+        holder.wait(10)
+    assert len(Workdirs([str(root)]).scan().resources) == 2
+
+
+def test_each_outcome_names_its_workdir(root: Path, owner: Owner) -> None:
+    """So that only the workdirs that failed are retried, not every one of the job."""
+    paths = {str(marked(root / "a")), str(marked(root / "b"))}
+    kind = Workdirs([str(root)])
+    outcomes = kind.remove(owner, list(kind.scan().resources), dry_run=False)
+    assert {o.key for o in outcomes} == paths and all(o.ok for o in outcomes)
+
+
 def test_scan_never_follows_symlinks(root: Path, victim: Path) -> None:
     outside = marked(victim / "sub" / "marked")
     (root / "to-outside").symlink_to(outside)

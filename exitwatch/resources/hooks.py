@@ -65,15 +65,17 @@ class Hooks(ResourceKind):
         self._discovery = discovery.Discovery("hook discovery", "exitwatch-hooks")
 
     def scan(self) -> Snapshot:
+        """Every hook now. Raises OSError or HookError when the spool cannot be listed: an
+        empty listing would read as every hook gone."""
         # `exitwatch reap` has not made the spool, as the agent has: it checks it.
         try:
             check_spool(self.path)
         except FileNotFoundError:
             return Snapshot(KIND, ())
-        except (OSError, HookError) as err:
-            why = err.strerror if isinstance(err, OSError) else str(err)
-            log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
-            return Snapshot(KIND, ())
+        except OSError as err:
+            raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
+        except HookError as err:
+            raise HookError(f"hook spool {printable(self.path)}: {err}") from None
         found = Spool(self.path).list()
         return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
 
@@ -116,12 +118,20 @@ class Hooks(ResourceKind):
             if ino is not None:
                 ino.close()
             ino = None
+        failing = False  # the spool could not be listed; listed whole again soon
         try:
             while True:
                 try:
                     found = spool.list(changed)
-                except Exception:  # it must not die, or no hook is seen again
-                    log.exception("listing the hook spool failed; trying again")
+                    failing = False
+                except Exception as err:  # it must not die, or no hook is seen again
+                    # What was known stands: a listing that failed says nothing of the hooks.
+                    if not failing:
+                        if isinstance(err, OSError):
+                            log.warning("%s; trying again every %gs", err, POLL_INTERVAL)
+                        else:
+                            log.exception("listing the hook spool failed; trying again")
+                    failing = True
                     spool = Spool(self.path)  # what it knew may be half updated
                     found = known or {}
                 if known is None:
@@ -133,7 +143,7 @@ class Hooks(ResourceKind):
                         if known.get(name) != hook:
                             notify(Found(hook))
                 known = found
-                if ino is None:
+                if ino is None or failing:
                     if discovery.wait(stop_fd, None, POLL_INTERVAL):
                         return
                     changed = None
@@ -272,7 +282,8 @@ class Hooks(ResourceKind):
         try:
             _unlink_same(dir_fd, name, hook)
         except OSError as err:
-            # Not retried (it succeeded), but the file stays: the next start runs it again.
+            # Not retried (it succeeded), but the file stays: the next reconcile or start
+            # runs it again.
             log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)
             detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
         return Outcome(what, KIND, True, detail, False, extra, tuple(counts))

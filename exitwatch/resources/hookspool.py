@@ -26,20 +26,20 @@ class Spool:
         self._found: dict[str, Hook] = {}  # every good hook, before the per-user cap
         self._warned: dict[str, str] = {}  # name: refusal, for refusals not cached in _seen
         self._capped: set[str] = set()  # names left out as over their user's MAX_PER_UID
-        self._unlistable = False
         self._listed = False  # whether the whole spool was listed since it could not be
 
     def list(self, changed: set[str] | None = None) -> dict[str, Hook]:
         """The good hooks in the spool: listed whole, or, given the names that changed
         since the last listing, with only those looked at again (and the refusals that
-        may not last)."""
+        may not last). Raises OSError when the spool cannot be listed now (EMFILE, EACCES):
+        an empty answer would read as every hook gone."""
         try:
             dir_fd = os.open(self.path, SPOOL_OPEN)
         except OSError as err:
-            if not self._unlistable and err.errno != errno.ENOENT:
-                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
-            self._unlistable, self._listed = True, False
-            return {}
+            self._listed = False
+            if err.errno == errno.ENOENT:  # no spool: truly no hooks
+                return {}
+            raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
         try:
             if changed is None or not self._listed:
                 return self._list(dir_fd)
@@ -53,11 +53,9 @@ class Spool:
         try:
             names = set(os.listdir(dir_fd))
         except OSError as err:
-            if not self._unlistable:
-                log.warning("hook spool %s: %s; no hooks seen", printable(self.path), err.strerror)
-            self._unlistable, self._listed = True, False
-            return {}
-        self._unlistable, self._listed = False, True
+            self._listed = False
+            raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
+        self._listed = True
         for name in (self._seen.keys() | self._found.keys() | self._warned.keys()) - names:
             self._forget(name)
         for name in names:

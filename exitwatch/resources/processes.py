@@ -50,6 +50,7 @@ may be reused between the checks and the kill, a pidfd may not.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -326,7 +327,12 @@ class Processes(ResourceKind):
         finally:
             for _, _, pidfd in sent:
                 os.close(pidfd)
-        return [o for o in outcomes if o is not None]
+        # Each names its process, so that only the ones that failed are retried.
+        return [
+            dataclasses.replace(o, key=r.key)
+            for o, r in zip(outcomes, resources, strict=True)
+            if o is not None
+        ]
 
     def _kill(
         self, owner: Owner, uid: int | None, res: Resource, dry_run: bool

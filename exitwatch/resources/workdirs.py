@@ -8,6 +8,7 @@ were opened without following symlinks or crossing mounts, and checks again befo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import json
@@ -146,6 +147,7 @@ class _Tree:
         self.previous: dict[str, _Seen] = {}
         self.missing_roots: set[str] = set()
         self.unsure: set[str] = set()
+        self.transient: set[str] = set()  # of `unsure`, those that failed for want of fds...
 
     def walk_roots(self, watch: Watch | None) -> dict[str, Resource]:
         self.previous, self.markers = self.markers, {}
@@ -276,6 +278,8 @@ class _Tree:
                 err.strerror or err,
             )
         self.unsure.add(path)
+        if err.errno in fsops.TRANSIENT:
+            self.transient.add(path)
         old = self.markers.get(path) or self.previous.get(path)
         if old is None:
             return _UNMARKED
@@ -315,7 +319,15 @@ class Workdirs(ResourceKind):
     # Discovery
 
     def scan(self) -> Snapshot:
-        found = _Tree(self.roots, self.depth).walk_roots(None)
+        """Every workdir now. Raises OSError when a marker cannot be read for now (a full
+        fd table, a lease): a fresh walk knows nothing earlier of it, and a listing without
+        it would read as its workdir gone. One its owner keeps from root (EACCES under a
+        FUSE mount) is skipped with a warning, as it always is: it would fail every listing."""
+        tree = _Tree(self.roots, self.depth)
+        found = tree.walk_roots(None)
+        if tree.transient:
+            first = printable(os.path.join(min(tree.transient), MARKER))
+            raise OSError(f"{len(tree.transient)} markers unreadable now, {first} the first")
         return Snapshot(KIND, tuple(found[p] for p in sorted(found)))
 
     def start(self, notify: Notify) -> None:
@@ -341,7 +353,11 @@ class Workdirs(ResourceKind):
 
     def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
         """Remove `owner`'s workdirs once its run is over (see Containers.remove_ended)."""
-        return [self._remove_one(owner, res.key, dry_run) for res in resources]
+        # Each names its workdir, so that only the ones that failed are retried.
+        return [
+            dataclasses.replace(self._remove_one(owner, res.key, dry_run), key=res.key)
+            for res in resources
+        ]
 
     def _remove_one(self, owner: Owner, path: str, dry_run: bool) -> Outcome:
         what = f"workdir {printable(path)}"  # for people, and for log lines

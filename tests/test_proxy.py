@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -172,15 +173,18 @@ def test_events_stream_live_through_the_socket(engine, proxied) -> None:
         text=True,
     )
     try:
-        # The subscription may not be in place yet: create until its event shows.
-        seen = ""
-        for n in range(20):
+        # The subscription may not be in place yet: create until its event shows. A read
+        # waits a second at most, so a create made before the subscription (whose event
+        # never comes) cannot hold the test.
+        seen, n = "", 0
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
             engine.docker("create", "--name", f"live{n}", engine.image)
-            line = follow.stdout.readline()
-            if line.startswith("create"):
-                seen = line
-                break
-        assert seen.startswith("create live")
+            n += 1
+            if select.select([follow.stdout], [], [], 1.0)[0]:
+                line = follow.stdout.readline()
+                seen = line if line.startswith("create") else ""
+        assert seen.startswith("create live"), f"no create event in {n} creates"
     finally:
         follow.kill()
         follow.wait()

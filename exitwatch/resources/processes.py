@@ -15,11 +15,11 @@ Discovery: nothing announces a fork to the agent (its sources follow exits only)
 thread lists /proc every leftovers_interval (config). Each process's environment is read once per
 (pid, start time, environment area): the area moves at every exec, which is where an
 environment can change (a fork copies it whole), so a process seen between its fork and
-an exec that adds the variable is read again. Idle, a rescan costs one /proc listing and
-one raw read of /proc/PID/stat per process (procfs.identity), and a run's wrapper is
-looked at once, not per process nor per rescan: with 3,100 processes on the host, 33 ms
-of CPU per rescan (~10 us each; 69-84 ms, 22-27 us each, before these savings), i.e. 3 %
-of a core at the default interval (bench/rescan.py; README has the figures). A run whose
+an exec that adds the variable is read again. That identity (one raw read of
+/proc/PID/stat, procfs.identity) is read for every process at every FULL_EVERY-th rescan
+only; the others read new pids alone, so that idle a rescan costs little more than one
+/proc listing. A run's wrapper is looked at once, not per process nor per rescan
+(bench/rescan.py measures a rescan; README has the figures). A run whose
 leftovers appear after its death is still found at the next rescan: its owner is dead,
 so they go at once (its uid is kept UID_GRACE past its last carrier). Only the host's pid
 namespace is looked at: a container's processes are the container kind's.
@@ -79,6 +79,12 @@ KIND = "process"
 VARIABLE = ENV_OWNER
 RUN_VARIABLE = "EXITWATCH_RUN"  # set beside VARIABLE by `exitwatch run` only
 RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching thread
+# Every FULL_EVERY-th rescan reads every process's identity again; the others read only new
+# pids. A new process nearly always has a new pid, and one idle listing of /proc costs far
+# less than a read per process (14 ms of CPU a second on a host of 1,000 processes). What a
+# partial rescan can miss, an exec that adds the variables to a known pid or a pid reused
+# within one interval, the next full one finds; a kill checks everything again anyway.
+FULL_EVERY = 10
 UID_GRACE = 60.0  # seconds a dead run's uid is kept once nothing carries its owner
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
 STOP_DEADLINE = 1.0
@@ -107,18 +113,20 @@ class _Seen:
         self.self_pid = os.getpid()
         self.pid_ns = procfs.namespace("self", "pid")
 
-    def rescan(self) -> dict[str, Resource]:
-        """Every process carrying a well-formed owner now, by key."""
+    def rescan(self, full: bool = True) -> dict[str, Resource]:
+        """Every process carrying a well-formed owner now, by key. Unless `full`, a pid
+        already known is taken to be the same exec of the same process without a read."""
         fresh: dict[int, tuple[tuple, Resource | None]] = {}
         found: dict[str, Resource] = {}
         with self.lock:
             old = self.procs
         for pid in psutil.pids():
+            entry = old.get(pid)
             try:
-                sig = procfs.identity(pid)  # the one read most processes cost
-                entry = old.get(pid)
-                if entry is None or entry[0] != sig:
-                    entry = (sig, self._read(procfs.read_stat(pid)))
+                if entry is None or full:
+                    sig = procfs.identity(pid)  # the one read most processes cost
+                    if entry is None or entry[0] != sig:
+                        entry = (sig, self._read(procfs.read_stat(pid)))
             except OSError:  # ProcessLookupError included
                 continue  # it just left
             fresh[pid] = entry
@@ -248,9 +256,11 @@ class Processes(ResourceKind):
         # of failures is logged whole, the rest in a line each.
         before: dict[str, Resource] | None = None
         wait = 0.0
+        rescans = 0
         while not self._stop.wait(wait):
             try:
-                now = self._seen.rescan()
+                now = self._seen.rescan(full=rescans % FULL_EVERY == 0)
+                rescans += 1
                 if before is None:
                     notify(Snapshot(KIND, tuple(now.values())))
                 else:

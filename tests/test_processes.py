@@ -217,11 +217,11 @@ def test_a_failing_rescan_is_tried_again_and_shown_in_health(monkeypatch):
     kind = Processes(interval=0.05)
     real, calls = kind._seen.rescan, []
 
-    def flaky() -> dict:
+    def flaky(full: bool = True) -> dict:
         calls.append(None)
         if len(calls) <= 2:
             raise OSError("injected")
-        return real()
+        return real(full)
 
     monkeypatch.setattr(kind._seen, "rescan", flaky)
     changes: list = []

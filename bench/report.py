@@ -95,6 +95,7 @@ def targets(results: dict) -> list[dict]:
             ">=",
             1.0,
         )
+        _check(out, "scale", "workdir reconcile / find", sc["workdirs"]["ratio"], "<=", 1.5)
     return out
 
 

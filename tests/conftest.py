@@ -24,6 +24,7 @@ import pytest
 
 from exitwatch.contract import ENV_HOOK_DIR
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
+from exitwatch.resources.docker import Containers
 from exitwatch.resources.hookfile import ensure_spool
 
 from procs import kill, spawn_owner
@@ -186,6 +187,22 @@ def dead_owner() -> Owner:
     owner = owner_of(child.pid)
     kill(child)
     return owner
+
+
+@pytest.fixture
+def live_owner() -> Iterator[Owner]:
+    """The owner identity of a real process that lives for the test."""
+    child = spawn_owner()
+    yield child.owner
+    kill(child)
+
+
+@pytest.fixture
+def kind(engine: PrivateEngine) -> Iterator[Containers]:
+    """The container kind on this session's engine, stopped after the test."""
+    k = Containers(engine.host)
+    yield k
+    k.stop()
 
 
 @pytest.fixture

@@ -107,6 +107,14 @@ def kill(child: Child, sig: int = signal.SIGKILL, reap_it: bool = True) -> None:
         reap(child)
 
 
+def killed_owner() -> Owner:
+    """The owner identity of a real process that was SIGKILLed and reaped: a fresh one at
+    every call (the conftest fixture `dead_owner` is one per module)."""
+    child = spawn_owner()
+    kill(child)
+    return child.owner
+
+
 def state(pid: int) -> str | None:
     """The one-letter state of `pid`, or None once it is gone."""
     try:

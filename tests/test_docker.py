@@ -8,7 +8,7 @@ import queue
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import docker.errors
@@ -21,7 +21,7 @@ from exitwatch.resources.docker import Containers
 from exitwatch.resources.engine import EngineError, json_array
 
 from conftest import PrivateEngine
-from procs import kill, spawn_owner, wait_for
+from procs import kill, killed_owner, spawn_owner, wait_for
 
 COMPOSE_YML = """\
 version: "2.4"
@@ -43,27 +43,6 @@ services:
 networks:
   inner: {}
 """
-
-
-def dead_owner() -> Owner:
-    """The owner identity of a real process that was SIGKILLed and reaped."""
-    child = spawn_owner()
-    kill(child)
-    return child.owner
-
-
-@pytest.fixture
-def live_owner() -> Iterator[Owner]:
-    child = spawn_owner()
-    yield child.owner
-    kill(child)
-
-
-@pytest.fixture
-def kind(engine: PrivateEngine) -> Iterator[Containers]:
-    k = Containers(engine.host)
-    yield k
-    k.stop()
 
 
 def run(engine: PrivateEngine, *args: str, labels: dict[str, str] | None = None) -> str:
@@ -115,7 +94,7 @@ def gone(cid: str) -> Callable[[Change], bool]:
 def test_scan_lists_labelled_containers_running_and_created(
     engine: PrivateEngine, kind: Containers, caplog: pytest.LogCaptureFixture
 ) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     running = run(engine, "--name=ew-running", labels={LABEL_OWNER: str(owner)})
     created = engine.docker(
         "create", f"--label={LABEL_OWNER}={owner}", "--name=ew-created", engine.image
@@ -139,7 +118,7 @@ def test_scan_lists_labelled_containers_running_and_created(
 
 
 def test_scan_names_the_compose_project_as_group(engine: PrivateEngine, kind: Containers) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     cid = run(engine, labels={LABEL_OWNER: str(owner), LABEL_COMPOSE_PROJECT: "ewproj"})
     [r] = kind.scan().resources
     assert (r.key, r.group) == (cid, "ewproj")
@@ -163,7 +142,7 @@ def test_ping_answers_none_when_the_engine_answers(engine: PrivateEngine, kind: 
 def test_start_sends_a_snapshot_then_found_and_gone(
     engine: PrivateEngine, kind: Containers
 ) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     before = run(engine, labels={LABEL_OWNER: str(owner)})
     changes: queue.Queue[Change] = queue.Queue()
     kind.start(changes.put)
@@ -202,7 +181,7 @@ def test_stop_ends_the_thread_even_without_an_engine(tmp_path: Path) -> None:
 def test_engine_restart_reconnects_and_sends_a_fresh_snapshot(
     engine: PrivateEngine, kind: Containers
 ) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     cid = run(engine, labels={LABEL_OWNER: str(owner)})
     changes: queue.Queue[Change] = queue.Queue()
     kind.start(changes.put)
@@ -231,7 +210,7 @@ def test_engine_restart_reconnects_and_sends_a_fresh_snapshot(
 def test_remove_takes_a_running_container_and_its_anonymous_volume(
     engine: PrivateEngine, kind: Containers
 ) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     cid = run(engine, "--volume=/scratch", labels={LABEL_OWNER: str(owner)})
     [mount] = engine.client.api.inspect_container(cid)["Mounts"]
     held = held_by(kind, owner)
@@ -257,7 +236,7 @@ def test_remove_refuses_a_live_owner(
 
 
 def test_dry_run_removes_nothing(engine: PrivateEngine, kind: Containers) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     cid = run(engine, labels={LABEL_OWNER: str(owner)})
     [outcome] = kind.remove(owner, held_by(kind, owner), dry_run=True)
     assert outcome.ok and "dry run" in outcome.detail
@@ -297,7 +276,7 @@ def project_networks(engine: PrivateEngine, project: str) -> list[str]:
 def test_a_dead_owners_compose_project_goes_as_a_whole(
     engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
 ) -> None:
-    owner, other_dead = dead_owner(), dead_owner()
+    owner, other_dead = killed_owner(), killed_owner()
     project = compose_up(owner, str(other_dead))
     held = held_by(kind, owner)
     assert [r.group for r in held] == [project]
@@ -316,7 +295,7 @@ def test_a_live_sibling_keeps_the_project_but_not_the_dead_owners_containers(
     compose_up: Callable[[Owner, str], str],
     live_owner: Owner,
 ) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     project = compose_up(owner, str(live_owner))
     before = project_containers(engine, project)
 
@@ -339,7 +318,7 @@ def test_a_malformed_sibling_label_keeps_the_project(
     compose_up: Callable[[Owner, str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    owner = dead_owner()
+    owner = killed_owner()
     project = compose_up(owner, "not-an-owner")
     before = project_containers(engine, project)
 
@@ -356,8 +335,8 @@ def test_a_malformed_sibling_label_keeps_the_project(
 def test_a_kept_container_stays_and_so_do_the_networks_it_uses(
     engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
 ) -> None:
-    owner = dead_owner()
-    project = compose_up(owner, str(dead_owner()))
+    owner = killed_owner()
+    project = compose_up(owner, str(killed_owner()))
     kept = run(
         engine,
         f"--network={project}_inner",
@@ -376,8 +355,8 @@ def test_a_kept_container_stays_and_so_do_the_networks_it_uses(
 def test_a_kept_network_of_the_project_stays(
     engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
 ) -> None:
-    owner = dead_owner()
-    project = compose_up(owner, str(dead_owner()))
+    owner = killed_owner()
+    project = compose_up(owner, str(killed_owner()))
     labels = {LABEL_COMPOSE_PROJECT: project, LABEL_KEEP: "true"}
     engine.client.api.create_network(f"{project}_kept", labels=labels)
 
@@ -413,8 +392,8 @@ def racing_remove_network(
 def test_a_network_refused_for_active_endpoints_is_tried_again(
     engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
 ) -> None:
-    owner = dead_owner()
-    project = compose_up(owner, str(dead_owner()))
+    owner = killed_owner()
+    project = compose_up(owner, str(killed_owner()))
     calls, strangers = racing_remove_network(engine, kind, times=1)
 
     outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
@@ -427,8 +406,8 @@ def test_a_network_refused_for_active_endpoints_is_tried_again(
 def test_a_retry_of_the_job_finds_the_network_its_containers_left(
     engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
 ) -> None:
-    owner = dead_owner()
-    project = compose_up(owner, str(dead_owner()))
+    owner = killed_owner()
+    project = compose_up(owner, str(killed_owner()))
     held = held_by(kind, owner)
     calls, _ = racing_remove_network(engine, kind, times=3)
 
@@ -447,8 +426,8 @@ def test_a_retry_of_the_job_finds_the_network_its_containers_left(
 def test_dry_run_leaves_a_compose_project_whole(
     engine: PrivateEngine, kind: Containers, compose_up: Callable[[Owner, str], str]
 ) -> None:
-    owner = dead_owner()
-    project = compose_up(owner, str(dead_owner()))
+    owner = killed_owner()
+    project = compose_up(owner, str(killed_owner()))
     before = project_containers(engine, project)
 
     outcomes = kind.remove(owner, held_by(kind, owner), dry_run=True)

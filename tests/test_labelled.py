@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import docker.errors
-import pytest
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import Owner
 from exitwatch.resources.docker import Containers
 
 from conftest import PrivateEngine
-from procs import kill, spawn_owner
-
-
-def dead_owner() -> Owner:
-    child = spawn_owner()
-    kill(child)
-    return child.owner
-
-
-@pytest.fixture
-def live_owner() -> Iterator[Owner]:
-    child = spawn_owner()
-    yield child.owner
-    kill(child)
-
-
-@pytest.fixture
-def kind(engine: PrivateEngine) -> Iterator[Containers]:
-    k = Containers(engine.host)
-    yield k
-    k.stop()
+from procs import killed_owner
 
 
 def present(engine: PrivateEngine, kind: str, name: str) -> bool:
@@ -56,7 +33,7 @@ def test_a_dead_owners_networks_and_volumes_go_with_its_containers(
     engine: PrivateEngine, kind: Containers, live_owner: Owner
 ) -> None:
     api = engine.client.api
-    dead = dead_owner()
+    dead = killed_owner()
     mine = {LABEL_OWNER: str(dead)}
     api.create_network("deadnet", labels=mine)
     api.create_volume("deadvol", labels=mine)
@@ -79,7 +56,7 @@ def test_they_stay_while_a_container_of_the_owner_remains(
     engine: PrivateEngine, kind: Containers
 ) -> None:
     api = engine.client.api
-    dead = dead_owner()
+    dead = killed_owner()
     mine = {LABEL_OWNER: str(dead)}
     api.create_network("deadnet", labels=mine)
     api.create_volume("deadvol", labels=mine)
@@ -115,7 +92,7 @@ def test_one_used_by_any_other_container_stays(engine: PrivateEngine, kind: Cont
     # A stopped container of no owner would lose its network; a running one makes the
     # engine refuse (403), which would end "given up".
     api = engine.client.api
-    dead = dead_owner()
+    dead = killed_owner()
     mine = {LABEL_OWNER: str(dead)}
     api.create_network("sharednet", labels=mine)
     api.create_volume("sharedvol", labels=mine)
@@ -133,7 +110,7 @@ def test_those_of_a_project_not_removed_whole_stay(
     engine: PrivateEngine, kind: Containers, live_owner: Owner
 ) -> None:
     api = engine.client.api
-    dead = dead_owner()
+    dead = killed_owner()
     project = {LABEL_COMPOSE_PROJECT: "evalproj"}
     mine = {LABEL_OWNER: str(dead)} | project
     api.create_network("evalproj_default", labels=mine)

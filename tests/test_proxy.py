@@ -279,7 +279,10 @@ def test_compose_v2_through_the_socket(engine, proxied, tmp_path) -> None:
 
 def _sdk_ops(client: docker.DockerClient, image: str, suffix: str) -> list[bytes]:
     api = client.api
-    out = [client.containers.run(image, ["sh", "-c", "seq 1 5000"], remove=True)]
+    # Not remove=True: the SDK then removes the container before it has read the logs it
+    # follows, and the engine may cut them short (docker/docker-py#2427), on either path.
+    out = [client.containers.run(image, ["sh", "-c", "seq 1 5000"], name=f"r{suffix}")]
+    client.containers.get(f"r{suffix}").remove()
     c = client.containers.run(
         image, ["sh", "-c", "seq 1 200; sleep 1000"], name=f"s{suffix}", detach=True
     )

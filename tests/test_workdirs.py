@@ -26,7 +26,7 @@ import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.owner import Owner, current_boot_id, owner_of
-from exitwatch.resources import fsops, workdir_watch, workdirs
+from exitwatch.resources import fsops, inotify, workdir_watch, workdirs
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
 from exitwatch.resources.workdirs import Workdirs
 
@@ -634,7 +634,7 @@ def test_start_falls_back_to_rescanning_when_inotify_fails(
         raise OSError(errno_, why)
 
     # The kernel's answer, injected: this host has watches and instances to spare.
-    monkeypatch.setattr(fsops.Inotify, call, refuse)
+    monkeypatch.setattr(inotify.Inotify, call, refuse)
     before = marked(root / "before")
     changes = running(Workdirs([str(root)]))
     snap = changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")

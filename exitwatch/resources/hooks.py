@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from exitwatch.contract import HOOK_MAX_TIMEOUT
 from exitwatch.owner import Owner, death
-from exitwatch.resources import discovery, fsops, hookrun
+from exitwatch.resources import discovery, hookrun, inotify
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.resources.fsops import printable
 from exitwatch.resources.hookfile import (
@@ -49,7 +49,7 @@ JOBS = 16  # dead owners whose hooks run at once
 PARALLEL = 8  # hooks of one owner run at once
 PER_UID = 8  # hooks of one user run at once, whatever their owners
 LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0  # for another exitwatch process running the same hook
-_SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_IGNORED
+_SELF_GONE = inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_IGNORED
 
 
 class Hooks(ResourceKind):
@@ -102,7 +102,7 @@ class Hooks(ResourceKind):
         changed: set[str] | None = None  # None: list the whole spool
         ino = None
         try:
-            ino = fsops.Inotify()
+            ino = inotify.Inotify()
             dir_fd = os.open(self.path, SPOOL_OPEN)
             try:
                 ino.watch(dir_fd, self.path, 0)

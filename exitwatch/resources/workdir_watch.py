@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from exitwatch.contract import MARKER
-from exitwatch.resources import fsops
+from exitwatch.resources import fsops, inotify
 from exitwatch.resources.base import Found, Gone, Notify, Resource, Snapshot
 from exitwatch.resources.discovery import wait
 
@@ -29,9 +29,9 @@ POLL_MAX = 60.0  # the most time between rescans (a new workdir waits at most th
 RECHECK = 2.0  # seconds before what could not be read is looked at again
 STOP_EVERY = 1000  # directories watched between two looks for a stop
 # IN_CREATE too: a marker made in place by link, symlink or mknod raises nothing else.
-_MARKER_CHANGED = fsops.IN_CREATE | fsops.IN_MOVED_TO | fsops.IN_CLOSE_WRITE
-_MARKER_CHANGED |= fsops.IN_DELETE | fsops.IN_MOVED_FROM
-_SELF_GONE = fsops.IN_DELETE_SELF | fsops.IN_MOVE_SELF | fsops.IN_UNMOUNT | fsops.IN_IGNORED
+_MARKER_CHANGED = inotify.IN_CREATE | inotify.IN_MOVED_TO | inotify.IN_CLOSE_WRITE
+_MARKER_CHANGED |= inotify.IN_DELETE | inotify.IN_MOVED_FROM
+_SELF_GONE = inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_UNMOUNT | inotify.IN_IGNORED
 
 Watch = Callable[[int, str, int], None]  # (open directory, its path, its depth)
 Mode = Callable[[str], None]  # told how discovery works now, for status
@@ -162,7 +162,7 @@ class _Watcher:
     def __init__(self, tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
         self.tree, self.kind, self.notify, self.stop_fd = tree, kind, notify, stop_fd
         self.watched = 0  # watches added, to look for a stop every STOP_EVERY of them
-        self.ino = fsops.Inotify()
+        self.ino = inotify.Inotify()
         self.known: dict[str, Resource] = {}
         self.visited: set[str] = set()
         self.redo: dict[str, int] = {}  # directories whose walk failed, by depth
@@ -198,7 +198,7 @@ class _Watcher:
         self.visited.add(path)
 
     def handle(self, wd: int, mask: int, name: str) -> None:
-        if mask & fsops.IN_Q_OVERFLOW:
+        if mask & inotify.IN_Q_OVERFLOW:
             raise _Overflow
         path = self.ino.path(wd)
         if path is None:  # unwatched since, maybe by an earlier event of the same read
@@ -213,8 +213,8 @@ class _Watcher:
             self.refresh(path, depth)
         elif name == MARKER and depth:
             if mask & _MARKER_CHANGED:
-                self.refresh(path, depth, fresh=bool(mask & fsops.IN_CREATE))
-        elif mask & fsops.IN_ISDIR and depth < self.tree.depth and not self.tree.hides(path):
+                self.refresh(path, depth, fresh=bool(mask & inotify.IN_CREATE))
+        elif mask & inotify.IN_ISDIR and depth < self.tree.depth and not self.tree.hides(path):
             self.refresh(os.path.join(path, name), depth + 1)
 
     def recheck(self) -> float | None:

@@ -11,16 +11,15 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import json
 import logging
 import os
 import stat
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from exitwatch.contract import MARKER, MARKER_MAX_BYTES
-from exitwatch.owner import Owner, OwnerError, death
-from exitwatch.resources import fsops
+from exitwatch.contract import MARKER
+from exitwatch.owner import Owner, death
+from exitwatch.resources import fsops, marker
 from exitwatch.resources.base import Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.resources.discovery import Discovery
 from exitwatch.resources.fsops import printable
@@ -34,80 +33,6 @@ REMOVE_PASSES = 3
 # Errors that say a directory is no longer a plain directory at that path: it is gone.
 # Anything else (EMFILE, ENOMEM, EACCES on a FUSE mount...) says nothing about it.
 _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV)
-
-
-class MarkerError(ValueError):
-    """A malformed marker; the message says what is wrong with it."""
-
-
-def read_marker(dir_fd: int) -> tuple[Owner, os.stat_result]:
-    """The owner the marker in directory `dir_fd` names, and the marker's stat.
-
-    Raises FileNotFoundError when there is no marker, MarkerError when it is malformed,
-    and another OSError when it cannot be read now (a lease, a full fd table): that says
-    nothing about the marker, so nothing may be concluded or remembered from it.
-    """
-    pfd = fsops.pin(dir_fd, MARKER)
-    try:
-        st = os.fstat(pfd)
-        return _read_pinned(pfd, st), st
-    finally:
-        os.close(pfd)
-
-
-def _read_pinned(pfd: int, st: os.stat_result) -> Owner:
-    """The owner the marker pinned by `pfd` (of fstat `st`) names. Raises MarkerError, or
-    another OSError when it cannot be read now."""
-    try:
-        data = fsops.read_pinned(pfd, st, MARKER_MAX_BYTES)
-    except fsops.NotRegular as err:
-        raise MarkerError(str(err)) from None
-    owner = _parsed.get(data)
-    if owner is None:
-        owner = _parse_marker(data)
-        if len(_parsed) >= PARSED_MAX:
-            _parsed.clear()
-        _parsed[data] = owner
-    return owner
-
-
-# Markers are few texts written many times (a runner marks all its workdirs alike): a walk
-# of 100,000 parses each text once. Only well-formed ones are kept; a bad one raises.
-PARSED_MAX = 4096
-_parsed: dict[bytes, Owner] = {}
-
-
-def _parse_marker(data: bytes) -> Owner:
-    if len(data) > MARKER_MAX_BYTES:
-        raise MarkerError(f"is larger than {MARKER_MAX_BYTES} bytes")
-    try:
-        body = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise MarkerError("is not UTF-8") from None
-    except ValueError:
-        raise MarkerError("is not JSON") from None
-    except RecursionError:  # "[[[[…" within 4 KiB nests deeper than the parser goes
-        raise MarkerError("is JSON nested too deeply") from None
-    if not isinstance(body, dict) or not isinstance(body.get("owner"), str):
-        raise MarkerError('has no "owner" string')
-    try:
-        return Owner.parse(body["owner"])
-    except OwnerError as err:
-        raise MarkerError(f"names a bad owner: {err}") from None
-
-
-def _claim(dst: os.stat_result, mst: os.stat_result) -> str | None:
-    """Why the marker `mst` cannot claim its directory `dst`, or None when it can.
-
-    Anyone may write a marker into a directory they can write to, but only the directory's
-    owner (or root) may claim it; a hard link would let a marker root wrote for one
-    directory claim another.
-    """
-    if mst.st_uid not in (dst.st_uid, 0):
-        return f"belongs to uid {mst.st_uid}, the directory to uid {dst.st_uid}"
-    if mst.st_nlink != 1:
-        return f"has {mst.st_nlink} hard links"
-    return None
 
 
 class _Refused(Exception):
@@ -135,7 +60,7 @@ class _Tree:
 
     Markers are remembered between walks, so an unchanged one is neither read nor warned
     about again. A marker hides what lies below its directory only when it is a valid
-    claim (see _claim): anyone can write a marker into a shared directory, and that must
+    claim (see marker.claim): anyone can write a marker into a shared directory, and that must
     not hide the workdirs of others below it. A marker that cannot be read now is in
     `unsure`: what was known of it stands until it is read again. One per scan or
     discovery thread.
@@ -243,8 +168,8 @@ class _Tree:
             self.markers[path] = old
             return old
         try:
-            owner = _read_pinned(pfd, st)
-        except MarkerError as err:
+            owner = marker.read_pinned(pfd, st)
+        except marker.MarkerError as err:
             self.unsure.discard(path)
             if fresh and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 # Made in place, it may still be being written: not wrong yet. Closing it
@@ -257,7 +182,7 @@ class _Tree:
         except OSError as err:
             return self._unsure(path, err)
         self.unsure.discard(path)
-        why = _claim(dst, st)
+        why = marker.claim(dst, st)
         if why is not None:
             # Indexed all the same, so that its owner's death leaves a refusal on record.
             log.warning(
@@ -412,14 +337,14 @@ class Workdirs(ResourceKind):
     ) -> Outcome:
         st = os.fstat(fd)
         try:
-            marker_owner, mst = read_marker(fd)
+            marker_owner, mst = marker.read(fd)
         except FileNotFoundError:
             raise _Refused("it has no marker") from None
-        except MarkerError as err:
+        except marker.MarkerError as err:
             raise _Refused(f"its marker {err}") from None
         if marker_owner != owner:
             raise _Refused(f"its marker names owner {marker_owner}, not {owner}")
-        why = _claim(st, mst)
+        why = marker.claim(st, mst)
         if why is not None:
             raise _Refused(f"its marker {why}")
         if dry_run:
@@ -450,14 +375,14 @@ def _foreign(fd: int, owner: Owner) -> str | None:
     lives, or its marker is in doubt. A nested workdir of the same owner or of a dead one
     goes with the outer one. Raises OSError when that cannot be told now."""
     try:
-        other, mst = read_marker(fd)
+        other, mst = marker.read(fd)
     except FileNotFoundError:
         return None
-    except MarkerError as err:
+    except marker.MarkerError as err:
         return f"it holds a marker that {err}"
     if other == owner:
         return None
-    why = _claim(os.fstat(fd), mst)
+    why = marker.claim(os.fstat(fd), mst)
     if why is not None:
         return f"it holds a marker of another owner, {other}, that {why}"
     if death(other) is None:

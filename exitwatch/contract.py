@@ -21,6 +21,11 @@ MARKER_MAX_BYTES = 4096
 ENV_OWNER = "EXITWATCH_OWNER"
 
 
+def kept(labels: Mapping[str, object]) -> bool:
+    """Whether `labels` ask exitwatch to leave their container, network or volume alone."""
+    return str(labels.get(LABEL_KEEP, "")).strip().lower() == "true"
+
+
 def owner_labels(pid: int | None = None) -> dict[str, str]:
     """The labels that tie a container to process `pid` (default: the calling process)."""
     return {LABEL_OWNER: str(owner_of(pid))}

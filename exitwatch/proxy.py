@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
+from exitwatch.contract import LABEL_OWNER, kept
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def label(body: bytes, owner: str) -> bytes:
         labels = doc["Labels"] = {}
     if not isinstance(labels, dict) or LABEL_OWNER in labels:
         return body
-    if str(labels.get(LABEL_KEEP, "")).strip().lower() == "true":
+    if kept(labels):
         return body
     labels[LABEL_OWNER] = owner
     return json.dumps(doc).encode()

@@ -7,45 +7,35 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
 import docker.utils
-from docker.errors import APIError, NotFound
 
-from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
+from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
 from exitwatch.owner import Owner, OwnerError, death
-from exitwatch.resources import compose
+from exitwatch.resources import compose, networks
 from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.resources.engine import (
     DEFAULT_HOST,
     ENGINE_ERRORS,
     Engine,
     EngineError,
+    attempt,
     engine_error,
+    name_of,
 )
 
 log = logging.getLogger(__name__)
 
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
-ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
-RETRY_PAUSE = 0.2
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
 STOP_DEADLINE = 1.0  # the events thread's share of the agent's 2 s; it is a daemon
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
 SINCE_MARGIN_NS = 100_000_000
-
-
-def _kept(labels: dict[str, str]) -> bool:
-    return labels.get(LABEL_KEEP, "").strip().lower() == "true"
-
-
-def _name(listed: dict[str, Any]) -> str:
-    return (listed.get("Names") or [""])[0].lstrip("/")
 
 
 def _container(
@@ -78,7 +68,7 @@ def _labelled(listed: dict[str, Any], owner: Owner) -> bool:
 
 def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
     """The Resource for one labelled container; None when it is kept or its label is bad."""
-    owner = None if _kept(labels) else _owner(cid, name, labels, "skipped")
+    owner = None if kept(labels) else _owner(cid, name, labels, "skipped")
     if owner is None:
         return None
     return Resource("container", cid, owner, name, labels.get(LABEL_COMPOSE_PROJECT) or None)
@@ -86,28 +76,8 @@ def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
 
 def _snapshot(engine: Engine) -> Snapshot:
     listed = engine.each_container(LABEL_OWNER)
-    found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
+    found = (_resource(c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
     return Snapshot("container", tuple(r for r in found if r is not None))
-
-
-def _attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[bool, str]:
-    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not).
-    A client error ends it at once, but for the statuses in `again`."""
-    problem = ""
-    for n in range(ATTEMPTS):
-        try:
-            call()
-            return True, "removed"
-        except NotFound:
-            return True, "already gone"
-        except ENGINE_ERRORS as err:
-            problem = engine_error(err)
-            # A refusal stays a refusal; 409 is mostly "removal already in progress".
-            if isinstance(err, APIError) and err.is_client_error() and err.status_code not in again:
-                break
-        if n + 1 < ATTEMPTS:
-            time.sleep(RETRY_PAUSE * 2**n)
-    return False, problem
 
 
 class Containers(ResourceKind):
@@ -250,7 +220,7 @@ class Containers(ResourceKind):
             self._since = _ns_time(nano + 1)
         actor = event.get("Actor") or {}
         cid, labels = actor.get("ID"), actor.get("Attributes") or {}
-        if not cid or _kept(labels):
+        if not cid or kept(labels):
             return
         if event.get("Action") == "destroy":
             notify(Gone(self.kind, cid))
@@ -292,16 +262,18 @@ class Containers(ResourceKind):
             if dry_run:
                 return _container(cid, name, project, True, "dry run: would remove")
             return _container(
-                cid, name, project, *_attempt(functools.partial(self._engine.remove_container, cid))
+                cid, name, project, *attempt(functools.partial(self._engine.remove_container, cid))
             )
 
         if doomed:
             with ThreadPoolExecutor(self._workers, thread_name_prefix="exitwatch-rm") as pool:
                 outcomes += pool.map(one, doomed.items())
         for project in whole:
-            outcomes += self._remove_networks(project, compose.started_at(owner), dry_run)
+            outcomes += networks.of_project(
+                self._engine, project, compose.started_at(owner), dry_run
+            )
         held = {p for p in projects if p not in whole}
-        return outcomes + self._remove_labelled(owner, dry_run, outcomes, held)
+        return outcomes + networks.labelled(self._engine, owner, dry_run, outcomes, held)
 
     def _plan_project(
         self, owner: Owner, project: str, given: list[Resource]
@@ -320,7 +292,7 @@ class Containers(ResourceKind):
         own: dict[str, str] = {}
         rest: dict[str, str] = {}
         for c in listed:
-            cid, name, labels = c["Id"], _name(c), c.get("Labels") or {}
+            cid, name, labels = c["Id"], name_of(c), c.get("Labels") or {}
             o = None
             if LABEL_OWNER in labels:
                 o = _owner(cid, name, labels, f"compose project {project} is not proven dead")
@@ -330,7 +302,7 @@ class Containers(ResourceKind):
                 holders.append(f"{name} is held by live owner {o}")
             elif o is not None:
                 dead_held = True
-            if not _kept(labels):
+            if not kept(labels):
                 (own if o == owner else rest)[cid] = name
         said = [
             _container(r.key, r.name, project, True, "already gone")
@@ -380,41 +352,6 @@ class Containers(ResourceKind):
                 refused.append(_container(cid, rest[cid], project, False, what, refused=True))
         return joined, refused
 
-    def _remove_networks(self, project: str, since: float | None, dry_run: bool) -> list[Outcome]:
-        """Remove the networks of a project whose containers were just removed, unless some
-        container is left (a kept one, one that would not go, or one created meanwhile), or
-        the network is older than the owner (compose.py), or is labelled exitwatch.keep=true."""
-        label = f"{LABEL_COMPOSE_PROJECT}={project}"
-        try:
-            nets = self._engine.networks(label)
-            listed = [] if dry_run else self._engine.containers(label)
-        except ENGINE_ERRORS as err:
-            why = f"listing compose project {project}: {engine_error(err)}"
-            return [Outcome(f"networks of compose project {project}", "network", False, why)]
-        left = ", ".join(_name(c) for c in listed)
-        outcomes = []
-        for net in nets:
-            if _kept(net.get("Labels") or {}):
-                continue
-            extra = {"id": net["Id"], "project": project}
-            said = functools.partial(
-                Outcome, f"network {net.get('Name', '')}", "network", extra=extra
-            )
-            why = compose.why_older(net.get("Created"), since)
-            if why is not None:
-                outcomes.append(
-                    said(False, f"not removed with compose project {project}: {why}", True)
-                )
-            elif dry_run:
-                outcomes.append(said(True, "dry run: would remove"))
-            elif left:
-                outcomes.append(said(False, f"containers remain in the project: {left}", True))
-            else:
-                outcomes.append(
-                    said(*self._remove_unused("network", net["Id"], self._engine.remove_network))
-                )
-        return outcomes
-
     # -- what an ended run holds: networks and volumes are labelled as containers are ------
 
     def owned(self, owner: Owner) -> list[Resource]:
@@ -423,63 +360,8 @@ class Containers(ResourceKind):
             listed = self._engine.containers(f"{LABEL_OWNER}={owner}")
         except ENGINE_ERRORS as err:
             raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
-        found = (_resource(c["Id"], _name(c), c.get("Labels") or {}) for c in listed)
+        found = (_resource(c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
-
-    def _remove_labelled(
-        self, owner: Owner, dry_run: bool, done: list[Outcome], held: set[str]
-    ) -> list[Outcome]:
-        """Remove the networks and volumes labelled with `owner` (a compose project's named
-        volumes and networks, or ones made by hand), once none of its containers is left and
-        no container at all uses them. Those already dealt with in `done` are skipped, and
-        those of a compose project in `held` (one not removed as a whole) stay with it."""
-        label = f"{LABEL_OWNER}={owner}"
-        seen = {o.extra.get("id") for o in done}
-        try:
-            nets = [n for n in self._engine.networks(label) if n["Id"] not in seen]
-            vols = self._engine.volumes(label)
-            left = [] if dry_run or not (nets or vols) else self._engine.containers(label)
-        except ENGINE_ERRORS as err:
-            why = f"listing what owner {owner} labelled: {engine_error(err)}"
-            return [Outcome(f"networks and volumes of {owner}", "network", False, why)]
-        outcomes = []
-        for kind, items, key, call in (
-            ("network", nets, "Id", self._engine.remove_network),
-            ("volume", vols, "Name", self._engine.remove_volume),
-        ):
-            for item in items:
-                labels = item.get("Labels") or {}
-                if _kept(labels):
-                    continue
-                said = functools.partial(
-                    Outcome, f"{kind} {item.get('Name', '')}", kind, extra={"id": item[key]}
-                )
-                project = labels.get(LABEL_COMPOSE_PROJECT)
-                if project in held:
-                    why = f"compose project {project} was not removed as a whole"
-                    outcomes.append(said(False, why, True))
-                elif dry_run:
-                    outcomes.append(said(True, "dry run: would remove"))
-                elif left:
-                    names = ", ".join(_name(c) for c in left)
-                    outcomes.append(said(False, f"containers of the owner remain: {names}", True))
-                else:
-                    outcomes.append(said(*self._remove_unused(kind, item[key], call)))
-        return outcomes
-
-    def _remove_unused(self, kind: str, ident: str, call: Callable[[str], None]) -> tuple:
-        """Remove a network or volume unless a container, of any owner or none, uses it:
-        removing it would cut a stopped container off, and a running one makes the engine
-        refuse. Such a one is left (a refusal), for whoever owns that container."""
-        try:
-            users = self._engine.users(kind, ident)
-        except ENGINE_ERRORS as err:
-            return False, f"listing the containers that use it: {engine_error(err)}"
-        if users:
-            return False, f"in use by containers: {', '.join(_name(c) for c in users)}", True
-        # 403 "active endpoints" is a known race: the engine lets go of a network a moment
-        # after the containers that used it are gone.
-        return _attempt(functools.partial(call, ident), (409, 403) if kind == "network" else (409,))
 
 
 def _ns_time(ns: int) -> str:

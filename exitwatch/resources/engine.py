@@ -6,11 +6,12 @@ from __future__ import annotations
 import codecs
 import json
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import docker
-from docker.errors import APIError, DockerException
+from docker.errors import APIError, DockerException, NotFound
 from requests import RequestException
 from urllib3.exceptions import HTTPError
 
@@ -23,6 +24,8 @@ DEFAULT_HOST = "unix:///var/run/docker.sock"
 LISTING_CHUNK = 64 * 1024
 # What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
 ENGINE_ERRORS = (DockerException, RequestException, HTTPError, OSError, ValueError)
+ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
+RETRY_PAUSE = 0.2
 
 
 class EngineError(Exception):
@@ -42,6 +45,31 @@ def engine_error(err: BaseException) -> str:
         todo += [e for e in (cur.__cause__, cur.__context__) if e is not None]
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[bool, str]:
+    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not).
+    A client error ends it at once, but for the statuses in `again`."""
+    problem = ""
+    for n in range(ATTEMPTS):
+        try:
+            call()
+            return True, "removed"
+        except NotFound:
+            return True, "already gone"
+        except ENGINE_ERRORS as err:
+            problem = engine_error(err)
+            # A refusal stays a refusal; 409 is mostly "removal already in progress".
+            if isinstance(err, APIError) and err.is_client_error() and err.status_code not in again:
+                break
+        if n + 1 < ATTEMPTS:
+            time.sleep(RETRY_PAUSE * 2**n)
+    return False, problem
+
+
+def name_of(listed: dict[str, Any]) -> str:
+    """The name of a container as the engine lists it."""
+    return (listed.get("Names") or [""])[0].lstrip("/")
 
 
 class Engine:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import heapq
-import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from exitwatch.config import Config
@@ -18,7 +15,8 @@ from exitwatch.index import Index
 from exitwatch.owner import Owner, death, describe_status
 from exitwatch.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.record import Recorder
-from exitwatch.resources.base import Found, Gone, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.removals import Done, Removals
+from exitwatch.resources.base import Found, Gone, ResourceKind, Snapshot
 from exitwatch.sources.base import Exit, Lost, Source
 
 log = logging.getLogger(__name__)
@@ -34,38 +32,6 @@ COUNTERS = (
     *("hook_runs", "hook_failures", "hook_timeouts"),
     *RECONCILE_COUNTERS,
 )
-
-
-@dataclass(frozen=True)
-class _Job:
-    """Remove what one dead owner held of one kind."""
-
-    owner: Owner
-    kind: ResourceKind
-    resources: tuple[Resource, ...]
-    death: str
-    at: float  # monotonic time the death was first noticed
-    attempt: int = 1
-
-    def describe(self, state: str, due: float | None = None) -> dict:
-        item = {
-            "owner": str(self.owner),
-            "death": self.death,
-            "kind": self.kind.kind,
-            "what": [r.name or r.key for r in self.resources],
-            "attempt": self.attempt,
-            "state": state,
-        }
-        if due is not None:
-            item["retry_in_s"] = round(max(0.0, due - time.monotonic()), 1)
-        return item
-
-
-@dataclass(frozen=True)
-class _Done:
-    token: int
-    job: _Job
-    failed: tuple[Resource, ...]  # what is to be tried again; () when all went well
 
 
 @dataclass(frozen=True)
@@ -101,16 +67,11 @@ class Agent:
         self._watchdog = watchdog
         self._watchdog_interval = watchdog_interval
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._pool = ThreadPoolExecutor(config.reap_workers, thread_name_prefix="exitwatch-reap")
-        self._running: dict[int, tuple[Future, _Job]] = {}
-        self._retries: list[tuple[float, int, _Job]] = []
-        self._tiebreak = itertools.count()
+        self._removals = Removals(config, self.recorder, self._queue.put)
         self._awaiting_snapshot = set(self.kinds)
         self._lost_logged = float("-inf")
         self._lost_unlogged = 0
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
-        self._removing: set[tuple[str, str]] = set()  # (kind, key) of every job under way
-        self._given_up: dict[tuple[str, str], _Job] = {}  # shown in status until it is gone
         # Owners whose liveness could not be read (say, the fd table was full), with the
         # hint's time and wait status, judged again at _recheck_at.
         self._rechecks: dict[Owner, tuple[float, int | None]] = {}
@@ -155,7 +116,7 @@ class Agent:
             self._stopped = True
             self._refuse_questions()
             self._stop_parts()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._removals.shutdown(wait=False)
 
     def _stop_parts(self) -> None:
         """Stop the source and the kinds side by side: each may take up to its own deadline
@@ -179,12 +140,8 @@ class Agent:
                 item.answer.set_exception(TimeoutError("the agent has stopped"))
 
     def drain(self, timeout: float) -> int:
-        """Wait up to `timeout` for removals under way; how many were still running.
-
-        Removals are idempotent, so one abandoned here is redone by the next reconcile.
-        """
-        futures = [future for future, _ in self._running.values()]
-        return len(concurrent.futures.wait(futures, timeout).not_done)
+        """Wait up to `timeout` for removals under way; how many were still running."""
+        return self._removals.drain(timeout)
 
     def reconcile(self) -> list[str]:
         """One pass over everything that exists now: reap what dead owners hold, and wait.
@@ -201,13 +158,13 @@ class Agent:
             self._handle(snapshot)
         # An owner whose liveness could not be read is judged again, up to reap_attempts
         # times: a one-shot reap must neither skip it silently nor wait for ever.
-        while self._running or self._retries or self._rechecks:
-            if not (self._running or self._retries) and all(
+        while self._removals.busy() or self._rechecks:
+            if not self._removals.busy() and all(
                 self._recheck_tries.get(o, 0) >= self.config.reap_attempts for o in self._rechecks
             ):
                 break
             self._step()
-        self._pool.shutdown(wait=True)
+        self._removals.shutdown(wait=True)
         if self._rechecks:
             problems.append(
                 f"could not tell whether {len(self._rechecks)} owners live, "
@@ -218,7 +175,8 @@ class Agent:
     def _step(self) -> bool:
         now = time.monotonic()
         timeout = self._watchdog_interval
-        dues = [self._retries[0][0] - now] if self._retries else []
+        retry = self._removals.next_due()
+        dues = [retry - now] if retry is not None else []
         dues += [d for d in (self._periodic.timeout(now),) if d is not None]
         if dues:
             due = max(0.0, min(dues))
@@ -252,8 +210,7 @@ class Agent:
         """Start the retries that are due, and the re-check of every owner once hints were
         lost: when the queue is drained, or RESYNC_DELAY after the first loss at the latest
         (a storm can overflow the buffer many times a second and keep the queue busy)."""
-        while self._retries and self._retries[0][0] <= now:
-            self._start(heapq.heappop(self._retries)[2])
+        self._removals.start_due(now)
         self._periodic.tick(now)
         if self._resync_since is not None and (
             self._queue.empty() or now - self._resync_since >= RESYNC_DELAY
@@ -280,7 +237,7 @@ class Agent:
                 if self._resync_since is None:
                     self._resync_since = time.monotonic()
             case Found(resource=res):
-                self._given_up.pop((res.kind, res.key), None)
+                self._removals.forget((res.kind, res.key))
                 self._periodic.changed(res.kind, res.key, res)
                 new, displaced = self.index.add(res)
                 if displaced is not None:
@@ -288,17 +245,13 @@ class Agent:
                 if new:
                     self._admit(res.owner)
             case Gone(kind=kind, key=key):
-                self._given_up.pop((kind, key), None)
+                self._removals.forget((kind, key))
                 self._periodic.changed(kind, key, None)
                 emptied = self.index.discard(kind, key)
                 if emptied is not None:
                     self._unwatch(emptied)
             case Snapshot(kind=kind, resources=resources):
-                # Only with something given up: a start-up Snapshot holds 100,000 workdirs.
-                if any(k[0] == kind for k in self._given_up):
-                    fresh = {(kind, r.key) for r in resources}
-                    for key in [k for k in self._given_up if k[0] == kind and k not in fresh]:
-                        del self._given_up[key]
+                self._removals.forget_missing(kind, (r.key for r in resources))
                 self._periodic.replaced(kind)
                 added, emptied = self.index.replace_kind(kind, resources)
                 for owner in emptied:
@@ -310,17 +263,12 @@ class Agent:
                     if not self._awaiting_snapshot:
                         self._periodic.ready(time.monotonic(), self.recorder)
                         log.info("ready: watching %d owners", len(self.index))
-            case _Done(token=token, job=job, failed=failed):
-                del self._running[token]
-                done = [r for r in job.resources if r not in failed]
+            case Done():
                 # Gone, or refused: a listing made before is stale on these, unless a newer
                 # Found (a new owner's marker, say) put them back in the index meanwhile.
-                for r in done:
+                for r in self._removals.finished(item):
                     if self.index.owner(r.kind, r.key) is None:
                         self._periodic.changed(r.kind, r.key, None)
-                self._removing.difference_update((r.kind, r.key) for r in done)
-                if not (failed and self._retry(replace(job, resources=failed))):
-                    self._removing.difference_update((r.kind, r.key) for r in failed)
             case Scanned():
                 self._reconciled(item)
             case _Ask(fn=fn, answer=answer):
@@ -343,38 +291,18 @@ class Agent:
             # costs the loop lookups rather than re-indexing, so exits wait milliseconds.
             for res in snap.resources:
                 key = (res.kind, res.key)
-                if self.index.owner(*key) != res.owner and key not in self._removing:
+                if self.index.owner(*key) != res.owner and not self._removals.under_way(key):
                     fresh.append(key)
                     self._handle(Found(res))
             listing = {r.key for r in snap.resources}
             for key in self.index.keys(snap.kind) - listing:
                 self._handle(Gone(snap.kind, key))
-            # What was given up and is gone now (removed by hand, or by a retry of its whole
-            # job) is not shown as given up for ever: it left the index, so no Gone comes.
-            for key in [k for k in self._given_up if k[0] == snap.kind and k[1] not in listing]:
-                del self._given_up[key]
-        orphaned = sum(1 for k in fresh if k in self._removing)  # their removal has begun
+            # What was given up and is gone now left the index, so no Gone comes for it.
+            self._removals.forget_missing(snap.kind, listing)
+        orphaned = sum(1 for k in fresh if self._removals.under_way(k))  # their removal began
         self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
 
     # -- confirm --------------------------------------------------------------------------
-
-    def _retry(self, job: _Job) -> bool:
-        """Schedule the job's next attempt; False once it has had them all."""
-        if job.attempt < self.config.reap_attempts:
-            due = time.monotonic() + 0.5 * 4 ** (job.attempt - 1)
-            retry = replace(job, attempt=job.attempt + 1)
-            heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
-            return True
-        self.recorder.count("gave_up")
-        self._given_up.update(((r.kind, r.key), job) for r in job.resources)
-        log.error(
-            "giving up on the %ss of %s after %d attempts; the next reconcile, start or "
-            "`exitwatch reap` tries again",
-            job.kind.kind,
-            job.owner,
-            job.attempt,
-        )
-        return False
 
     def _log_lost(self, reason: str) -> None:
         now = time.monotonic()
@@ -429,50 +357,12 @@ class Agent:
         how = reason if status is None or zombie else f"{describe_status(status)} ({reason})"
         resources = self.index.pop_owner(owner)
         self._unwatch(owner)
-        by_kind: dict[str, list[Resource]] = {}
-        for res in resources:
-            # Seen again (a fresh listing) while its removal is under way: one job is enough.
-            if (res.kind, res.key) in self._removing:
-                continue
-            self._removing.add((res.kind, res.key))
-            by_kind.setdefault(res.kind, []).append(res)
-        for kind, held in by_kind.items():
-            self._start(_Job(owner, self.kinds[kind], tuple(held), how, at))
-
-    # -- reap -----------------------------------------------------------------------------
-
-    def _start(self, job: _Job) -> None:
-        token = next(self._tiebreak)
-        pool = job.kind.executor or self._pool
-        self._running[token] = (pool.submit(self._reap, token, job), job)
-
-    def _reap(self, token: int, job: _Job) -> None:
-        try:
-            outcomes = job.kind.reap(job.owner, list(job.resources), self.config.dry_run, job.death)
-        except Exception as err:  # a kind must not raise; if it does, report and retry
-            log.exception("removing %s of %s failed", job.kind.kind, job.owner)
-            what = f"{job.kind.kind}s of {job.owner}"
-            outcomes = [Outcome(what, job.kind.kind, False, str(err))]
-        latency = time.monotonic() - job.at
-        for outcome in outcomes:
-            self.recorder.outcome(job.owner, job.death, outcome, latency, self.config.dry_run)
-        failed = [o for o in outcomes if not o.ok and not o.refused]
-        # Only what failed is tried again, where each failure says which resource it is.
-        keys = {o.key for o in failed}
-        if "" in keys:
-            retry = job.resources if failed else ()
-        else:
-            retry = tuple(r for r in job.resources if r.key in keys)
-        self._queue.put(_Done(token, job, retry))
+        self._removals.start(owner, self.kinds, resources, how, at)
 
     # -- what status and metrics see (call through ask()) ---------------------------------
 
     def pending(self) -> list[dict]:
-        items = [job.describe("removing") for _, job in self._running.values()]
-        items += [job.describe("waiting to retry", due) for due, _, job in sorted(self._retries)]
-        given_up = {id(job): job for job in self._given_up.values()}
-        items += [job.describe("given up") for job in given_up.values()]
-        return items
+        return self._removals.pending()
 
     def owners(self) -> list[dict]:
         return [self.index.describe(owner) for owner in sorted(self.index.owners())]
@@ -486,7 +376,7 @@ class Agent:
 
     def gauges(self) -> dict:
         last = self._periodic.last
-        jobs = [job for _, job in self._running.values()] + [job for _, _, job in self._retries]
+        jobs = self._removals.jobs()
         return {
             "owners": len(self.index),
             "resources": dict(+self.index.counts),

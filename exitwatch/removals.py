@@ -1,0 +1,200 @@
+"""The removal jobs of dead owners, one per owner and kind: running on a thread pool,
+waiting to retry with backoff, or given up (shown in status until the resource is gone).
+
+Only the agent's loop thread calls these. A job's end comes back to it as a Done item
+through `post`, so this state needs no lock either.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from exitwatch.config import Config
+from exitwatch.owner import Owner
+from exitwatch.record import Recorder
+from exitwatch.resources.base import Outcome, Resource, ResourceKind
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (kind, key) of one resource
+
+
+@dataclass(frozen=True)
+class Job:
+    """Remove what one dead owner held of one kind."""
+
+    owner: Owner
+    kind: ResourceKind
+    resources: tuple[Resource, ...]
+    death: str
+    at: float  # monotonic time the death was first noticed
+    attempt: int = 1
+
+    def describe(self, state: str, due: float | None = None) -> dict:
+        item = {
+            "owner": str(self.owner),
+            "death": self.death,
+            "kind": self.kind.kind,
+            "what": [r.name or r.key for r in self.resources],
+            "attempt": self.attempt,
+            "state": state,
+        }
+        if due is not None:
+            item["retry_in_s"] = round(max(0.0, due - time.monotonic()), 1)
+        return item
+
+
+@dataclass(frozen=True)
+class Done:
+    """A job has ended; what `failed` holds is to be tried again ((): all went well)."""
+
+    token: int
+    job: Job
+    failed: tuple[Resource, ...]
+
+
+class Removals:
+    """Every removal job, from its start to its end or its last attempt."""
+
+    def __init__(self, config: Config, recorder: Recorder, post: Callable[[Done], None]) -> None:
+        self._config, self._recorder, self._post = config, recorder, post
+        self._pool = ThreadPoolExecutor(config.reap_workers, thread_name_prefix="exitwatch-reap")
+        self._running: dict[int, tuple[Future, Job]] = {}
+        self._retries: list[tuple[float, int, Job]] = []
+        self._tiebreak = itertools.count()
+        self._removing: set[Key] = set()  # every resource of a job under way
+        self._given_up: dict[Key, Job] = {}
+
+    def start(
+        self,
+        owner: Owner,
+        kinds: Mapping[str, ResourceKind],
+        held: Iterable[Resource],
+        how: str,
+        at: float,
+    ) -> None:
+        """Remove what dead `owner` held, one job per kind. A resource seen again (a fresh
+        listing) while its removal is under way is skipped: one job is enough."""
+        by_kind: dict[str, list[Resource]] = {}
+        for res in held:
+            if (res.kind, res.key) in self._removing:
+                continue
+            self._removing.add((res.kind, res.key))
+            by_kind.setdefault(res.kind, []).append(res)
+        for kind, resources in by_kind.items():
+            self._start(Job(owner, kinds[kind], tuple(resources), how, at))
+
+    def under_way(self, key: Key) -> bool:
+        return key in self._removing
+
+    def busy(self) -> bool:
+        """Whether a job is running or waiting to retry."""
+        return bool(self._running or self._retries)
+
+    def next_due(self) -> float | None:
+        """The monotonic time the next retry is due, if one waits."""
+        return self._retries[0][0] if self._retries else None
+
+    def start_due(self, now: float) -> None:
+        while self._retries and self._retries[0][0] <= now:
+            self._start(heapq.heappop(self._retries)[2])
+
+    def finished(self, done: Done) -> list[Resource]:
+        """Take a job's end: what failed is tried again, or given up after the last attempt.
+        Returns the resources done with (gone, or refused)."""
+        del self._running[done.token]
+        job = done.job
+        ended = [r for r in job.resources if r not in done.failed]
+        self._removing.difference_update((r.kind, r.key) for r in ended)
+        if not (done.failed and self._retry(replace(job, resources=done.failed))):
+            self._removing.difference_update((r.kind, r.key) for r in done.failed)
+        return ended
+
+    def forget(self, key: Key) -> None:
+        """A resource was seen again or went: it is no longer shown as given up."""
+        self._given_up.pop(key, None)
+
+    def forget_missing(self, kind: str, present: Iterable[str]) -> None:
+        """What was given up of `kind` and is not among the keys `present` any more
+        (removed by hand, or by a retry of its whole job) is not shown as given up for ever.
+        `present` is read only when something of `kind` was given up: it may be a listing
+        of 100,000 workdirs."""
+        stale = [k for k in self._given_up if k[0] == kind]
+        if stale:
+            keys = set(present)
+            for k in stale:
+                if k[1] not in keys:
+                    del self._given_up[k]
+
+    def drain(self, timeout: float) -> int:
+        """Wait up to `timeout` for the jobs running; how many were still running.
+
+        Removals are idempotent, so one abandoned here is redone by the next reconcile.
+        """
+        futures = [future for future, _ in self._running.values()]
+        return len(concurrent.futures.wait(futures, timeout).not_done)
+
+    def shutdown(self, wait: bool) -> None:
+        """Let the pool go; without `wait`, what has not started is cancelled."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    def jobs(self) -> Sequence[Job]:
+        """The jobs running or waiting to retry."""
+        return [job for _, job in self._running.values()] + [job for _, _, job in self._retries]
+
+    def pending(self) -> list[dict]:
+        items = [job.describe("removing") for _, job in self._running.values()]
+        items += [job.describe("waiting to retry", due) for due, _, job in sorted(self._retries)]
+        given_up = {id(job): job for job in self._given_up.values()}
+        items += [job.describe("given up") for job in given_up.values()]
+        return items
+
+    def _start(self, job: Job) -> None:
+        token = next(self._tiebreak)
+        pool = job.kind.executor or self._pool
+        self._running[token] = (pool.submit(self._reap, token, job), job)
+
+    def _retry(self, job: Job) -> bool:
+        """Schedule the job's next attempt; False once it has had them all."""
+        if job.attempt < self._config.reap_attempts:
+            due = time.monotonic() + 0.5 * 4 ** (job.attempt - 1)
+            retry = replace(job, attempt=job.attempt + 1)
+            heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
+            return True
+        self._recorder.count("gave_up")
+        self._given_up.update(((r.kind, r.key), job) for r in job.resources)
+        log.error(
+            "giving up on the %ss of %s after %d attempts; the next reconcile, start or "
+            "`exitwatch reap` tries again",
+            job.kind.kind,
+            job.owner,
+            job.attempt,
+        )
+        return False
+
+    def _reap(self, token: int, job: Job) -> None:
+        dry_run = self._config.dry_run
+        try:
+            outcomes = job.kind.reap(job.owner, list(job.resources), dry_run, job.death)
+        except Exception as err:  # a kind must not raise; if it does, report and retry
+            log.exception("removing %s of %s failed", job.kind.kind, job.owner)
+            what = f"{job.kind.kind}s of {job.owner}"
+            outcomes = [Outcome(what, job.kind.kind, False, str(err))]
+        latency = time.monotonic() - job.at
+        for outcome in outcomes:
+            self._recorder.outcome(job.owner, job.death, outcome, latency, dry_run)
+        failed = [o for o in outcomes if not o.ok and not o.refused]
+        # Only what failed is tried again, where each failure says which resource it is.
+        keys = {o.key for o in failed}
+        if "" in keys:
+            retry = job.resources if failed else ()
+        else:
+            retry = tuple(r for r in job.resources if r.key in keys)
+        self._post(Done(token, job, retry))

@@ -411,6 +411,52 @@ def gone(path: Path) -> Callable[[Change], bool]:
     return lambda c: isinstance(c, Gone) and c == Gone("workdir", str(path))
 
 
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The markers this thread reads (not a watcher's), by directory, from now on."""
+    read, me, out = workdirs.marker.read_pinned, threading.get_ident(), []
+
+    def counted(pfd: int, st: os.stat_result) -> Owner:
+        if threading.get_ident() == me:
+            out.append(os.path.dirname(os.readlink(f"/proc/self/fd/{pfd}")))
+        return read(pfd, st)
+
+    monkeypatch.setattr(workdirs.marker, "read_pinned", counted)
+    return out
+
+
+def test_a_scan_beside_the_watcher_reads_no_marker_it_has_read(
+    root: Path, running: Callable[[Workdirs], Changes], reads: list[str]
+) -> None:
+    dirs = [marked(root / "a" / f"w{i}") for i in range(5)]
+    kind = Workdirs([str(root)])
+    running(kind)
+    wait_for(lambda: kind.discovery == "inotify", what="the watching walk to end")
+    assert keys(kind.scan()) == {str(d) for d in dirs} and reads == []
+    # A scan with no watcher beside it reads every marker.
+    assert keys(Workdirs([str(root)]).scan()) == {str(d) for d in dirs}
+    assert sorted(reads) == sorted(map(str, dirs))
+
+
+def test_a_scan_reads_again_what_changed_since_the_watcher_read_it(
+    root: Path, reads: list[str]
+) -> None:
+    dirs = [marked(root / "a" / f"w{i}") for i in range(5)]
+    known = workdirs._Tree((str(root),), 3)  # what a watcher saw, then missed changes of
+    known.walk_roots(None)
+    reads.clear()
+    other = owner_of(os.getpid())
+    write_marker(dirs[0], other)  # a new inode
+    (dirs[1] / MARKER).write_text(json.dumps({"owner": str(other)}))  # the same one
+    os.chown(dirs[2], 1, 1)  # the claim changes with the directory's owner
+
+    found = workdirs._Tree((str(root),), 3, known).walk_roots(None)
+    assert sorted(reads) == sorted(map(str, dirs[:3]))
+    assert {p: r.owner for p, r in found.items()} == {
+        str(d): other if d in dirs[:2] else DEAD for d in dirs
+    }
+
+
 def test_start_reports_a_snapshot_first_then_changes(
     root: Path, running: Callable[[Workdirs], Changes]
 ) -> None:

@@ -140,11 +140,26 @@ def open_under(root: str, parts: Sequence[str]) -> int:
     return fd
 
 
+# visit(at, name, path, depth): the directory `name` in the open directory `at` ("." for
+# `at` itself); True to walk below it, False not to, None when it cannot tell from `at`.
+Visit = Callable[[int, str, str, int], bool | None]
+
+
 def walk_dirs(
-    fd: int, path: str, depth: int, limit: int, visit: Callable[[int, str, int], bool]
+    fd: int,
+    path: str,
+    depth: int,
+    limit: int,
+    visit: Visit,
+    watch: Callable[[int, str, int], None] | None = None,
 ) -> None:
-    """Call visit(fd, path, depth) on the open directory `fd` and on its subdirectories
+    """Visit the open directory `fd`, which is `path` at `depth`, and its subdirectories
     down to depth `limit`, below those for which visit returns True. Closes `fd`.
+
+    A subdirectory is visited from its parent, and opened only to be walked, to be watched
+    (watch(fd, path, depth) before it is read, so nothing created meanwhile goes unseen)
+    or when visit returns None; it is then visited again as ".", open. Most workdirs are
+    never opened: their marker says there is nothing to walk below them.
 
     Symlinks, mount points and entries that vanish are skipped, and so, with a warning,
     is a directory that cannot be opened (EACCES from a FUSE mount of another user's,
@@ -155,8 +170,11 @@ def walk_dirs(
     # (fd, its path with a trailing slash, its depth, its entries still to look at)
     stack: list[tuple[int, str, int, Iterator[os.DirEntry[str]]]] = []
     try:
+        if watch is not None:
+            watch(fd, path, depth)
+        below = visit(fd, ".", path, depth)
         while True:
-            if visit(fd, path, depth) and depth < limit:
+            if below and depth < limit:
                 prefix = path if path.endswith("/") else path + "/"
                 stack.append((fd, prefix, depth, os.scandir(fd)))
             else:
@@ -168,19 +186,23 @@ def walk_dirs(
                     # d_type from the listing: no stat for what is not a directory
                     if not entry.is_dir(follow_symlinks=False):
                         continue
+                    path, depth = prefix + entry.name, pdepth + 1
+                    below = None if watch is not None else visit(parent, entry.name, path, depth)
+                    if below is False or (below and depth >= limit):
+                        continue
                     try:
                         fd = open_subdir(parent, entry.name)
                     except OSError as err:
                         if err.errno in TRANSIENT:
                             raise
                         if err.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EXDEV):
-                            log.warning(
-                                "cannot open directory %s: %s",
-                                printable(prefix + entry.name),
-                                err.strerror,
-                            )
+                            why = err.strerror
+                            log.warning("cannot open directory %s: %s", printable(path), why)
                         continue
-                    path, depth = prefix + entry.name, pdepth + 1
+                    if below is None:
+                        if watch is not None:
+                            watch(fd, path, depth)
+                        below = visit(fd, ".", path, depth)
                     break
                 else:
                     entries.close()
@@ -227,6 +249,9 @@ class NotRegular(OSError):
 
 
 _PIN_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_PIN_BELOW_AT = ctypes.addressof(
+    _how(_PIN_FLAGS, RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV | RESOLVE_BENEATH)
+)
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -235,6 +260,19 @@ def pin(dir_fd: int, name: str) -> int:
     fstat and then read_pinned. O_PATH opens nothing: no FIFO blocks, no device driver runs.
     Raises OSError."""
     return os.open(name, _PIN_FLAGS, dir_fd=dir_fd)
+
+
+def pin_below(dir_fd: int, sub: str, name: str) -> int:
+    """pin() of `name` in the subdirectory `sub` of `dir_fd`, without opening `sub`: the
+    path resolves beneath `dir_fd`, through no symlink and across no mount. Needs openat2
+    (have_openat2()). Raises OSError: ELOOP, EXDEV or ENOTDIR when `sub` is not a plain
+    subdirectory, ENOENT when either is missing."""
+    path = f"{sub}/{name}".encode(_FS_ENCODING, _FS_ERRORS)
+    fd = _syscall4(_SYS_OPENAT2, dir_fd, path, _PIN_BELOW_AT, _HOW_SIZE)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
 
 
 def read_pinned(pfd: int, st: os.stat_result, limit: int) -> bytes:

@@ -63,11 +63,13 @@ class _Tree:
     claim (see marker.claim): anyone can write a marker into a shared directory, and that must
     not hide the workdirs of others below it. A marker that cannot be read now is in
     `unsure`: what was known of it stands until it is read again. One per scan or
-    discovery thread.
+    discovery thread. A scan may look up what the discovery thread's tree (`known`) has
+    seen of a marker, without changing it: a marker whose stat has not changed since is
+    not read again, and a reconcile reads only what changed.
     """
 
-    def __init__(self, roots: tuple[str, ...], depth: int) -> None:
-        self.roots, self.depth = roots, depth
+    def __init__(self, roots: tuple[str, ...], depth: int, known: _Tree | None = None) -> None:
+        self.roots, self.depth, self.known = roots, depth, known
         self.markers: dict[str, _Seen] = {}
         self.previous: dict[str, _Seen] = {}
         self.missing_roots: set[str] = set()
@@ -118,18 +120,24 @@ class _Tree:
         below its root. Closes `fd`. With `watch`, each directory is watched before it is
         read, so nothing created meanwhile goes unseen."""
         found: dict[str, Resource] = {}
+        below = fsops.have_openat2()  # markers can be read from the parent, safely
 
-        def visit(fd: int, at: str, depth: int) -> bool:
-            if watch is not None:
-                watch(fd, at, depth)
+        def visit(at: int, name: str, where: str, depth: int) -> bool | None:
             if not depth:
                 return True
-            seen = self._marker(fd, at, fresh and at == path)
+            if name == ".":
+                seen = self._marker(at, where, fresh and where == path)
+            elif below:
+                seen = self._marker_below(at, name, where)
+            else:
+                return None
+            if seen is None:
+                return None
             if seen.res is not None:
-                found[at] = seen.res
+                found[where] = seen.res
             return not seen.hides
 
-        fsops.walk_dirs(fd, path, depth, self.depth, visit)
+        fsops.walk_dirs(fd, path, depth, self.depth, visit, watch)
         return found
 
     def _marker(self, fd: int, path: str, fresh: bool) -> _Seen:
@@ -142,14 +150,43 @@ class _Tree:
         except OSError as err:
             return self._unsure(path, err)
         try:
-            return self._pinned(pfd, fd, path, fresh)
+            try:
+                dst = os.fstat(fd)
+            except OSError as err:
+                return self._unsure(path, err)
+            return self._pinned(pfd, dst, path, fresh)
         finally:
             os.close(pfd)
 
-    def _pinned(self, pfd: int, fd: int, path: str, fresh: bool) -> _Seen:
+    def _marker_below(self, parent: int, name: str, path: str) -> _Seen | None:
+        """What the marker of directory `name` in `parent` (at `path`) is, read without
+        opening the directory; None when that cannot tell (the directory is not a plain
+        one now, say), and it is to be opened and looked at as _marker does.
+
+        The directory's stat comes from a second lookup of `name`, so it may be that of a
+        directory renamed into its place meanwhile. It only says whether the marker is a
+        valid claim: a claim its owner could make by writing the marker there, and which
+        removal, through descriptors, checks again."""
+        try:
+            pfd = fsops.pin_below(parent, name, MARKER)
+        except FileNotFoundError:
+            self._forget(path)
+            return _UNMARKED
+        except OSError:
+            return None
+        try:
+            try:
+                dst = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except OSError:
+                return None
+            return self._pinned(pfd, dst, path, False) if stat.S_ISDIR(dst.st_mode) else None
+        finally:
+            os.close(pfd)
+
+    def _pinned(self, pfd: int, dst: os.stat_result, path: str, fresh: bool) -> _Seen:
+        """What the marker pinned by `pfd` is, in the directory of stat `dst` at `path`."""
         try:
             st = os.fstat(pfd)
-            dst = os.fstat(fd)
         except OSError as err:
             return self._unsure(path, err)
         sig = (
@@ -164,6 +201,9 @@ class _Tree:
             st.st_ctime_ns,
         )
         old = self.markers.get(path) or self.previous.get(path)
+        if old is None and self.known is not None:
+            # Another thread's dict: one get() is atomic, and _Seen is immutable.
+            old = self.known.markers.get(path)
         if old is not None and old.sig == sig:
             self.markers[path] = old
             return old
@@ -237,6 +277,7 @@ class Workdirs(ResourceKind):
         self.depth = depth
         self._discovery = Discovery("workdir discovery", "exitwatch-workdirs")
         self.discovery = "not started"  # how workdirs are followed now, and why; for status
+        self._followed: _Tree | None = None  # the discovery thread's, once started
 
     def health(self) -> dict:
         return {"discovery": self.discovery}
@@ -248,7 +289,7 @@ class Workdirs(ResourceKind):
         fd table, a lease): a fresh walk knows nothing earlier of it, and a listing without
         it would read as its workdir gone. One its owner keeps from root (EACCES under a
         FUSE mount) is skipped with a warning, as it always is: it would fail every listing."""
-        tree = _Tree(self.roots, self.depth)
+        tree = _Tree(self.roots, self.depth, self._followed)
         found = tree.walk_roots(None)
         if tree.transient:
             first = printable(os.path.join(min(tree.transient), MARKER))
@@ -256,7 +297,7 @@ class Workdirs(ResourceKind):
         return Snapshot(KIND, tuple(found[p] for p in sorted(found)))
 
     def start(self, notify: Notify) -> None:
-        tree = _Tree(self.roots, self.depth)
+        tree = self._followed = _Tree(self.roots, self.depth)
         mode = functools.partial(setattr, self, "discovery")
         self._discovery.start(lambda stop_fd: follow(tree, KIND, notify, stop_fd, mode))
 

@@ -2,8 +2,9 @@
 same run, against the same engine.
 
 - create+start: `create` then `start` of a container, alternated between the two sockets;
-  the overhead is the difference of their p95s. A `_ping` on a new connection, likewise,
-  shows the proxy's own cost apart from the engine's jitter.
+  the overhead is the per-trial difference. Each container is waited for and removed,
+  untimed, before the next is made: the engine is then as idle for either socket. A
+  `_ping` on a new connection, likewise, shows the proxy's own cost apart from the engine.
 - stream: an exec's output of STREAM_BYTES read off its hijacked connection; the ratio of
   the median throughputs.
 - concurrency: CLIENTS clients at once, each on a connection of its own, each creating,
@@ -56,12 +57,15 @@ class _Peak(threading.Thread):
         return round(self.peak / 2**20, 1)
 
 
-def _create_start(api: docker.APIClient, made: list[str]) -> float:
+def _create_start(api: docker.APIClient) -> float:
+    """ms to create and start a container of `true`; it is gone again when this returns."""
     t0 = time.perf_counter()
     cid = api.create_container(IMAGE, "true")["Id"]
     api.start(cid)
     took = (time.perf_counter() - t0) * 1000
-    made.append(cid)
+    # Its exit and removal would otherwise overlap the next trial: the engine's jitter.
+    api.wait(cid)
+    api.remove_container(cid)
     return took
 
 
@@ -131,10 +135,11 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         proxy_api = docker.APIClient(base_url=proxied, timeout=300)
         direct, through, ping_d, ping_p = [], [], [], []
         for n in range(trials):
-            # Each goes first in turn: the engine is still busy with the container before.
+            # Each goes first in turn, so that neither pays alone for what the engine still
+            # does in the background (its log and layer writes, say).
             pair = [(direct, direct_api), (through, proxy_api)]
             for times, api in pair if n % 2 else reversed(pair):
-                times.append(_create_start(api, made))
+                times.append(_create_start(api))
             ping_d += _ping_ms(engine.host, 5)
             ping_p += _ping_ms(proxied, 5)
         cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 DEFAULT_ENGINE = "/var/run/docker.sock"
 CHUNK = 64 * 1024  # bytes per read of a request
 PIPE_SIZE = 1024 * 1024  # bytes per splice; pipe-max-size allows unprivileged pipes this much
+SMALL_MOVE = 64 * 1024  # bytes: a move smaller than this may be one of many small pieces
+BUSY_GAP = 0.001  # seconds: small pieces closer than this are a stream
+BATCH_PAUSE = 0.0005  # seconds a stream's next move waits, to take more pieces at once
 MAX_HEAD = 1024 * 1024  # X-Registry-Auth and X-Registry-Config headers can be large
 MAX_BODY = 64 * 1024 * 1024  # for the bodies read whole: creations and exec starts
 BACKLOG = 128
@@ -240,7 +243,7 @@ def _copy(src: socket.socket, dst: socket.socket, limit: int | None) -> int:
     r, w = os.pipe()
     with contextlib.suppress(OSError):  # fewer, larger moves; the default 64 KiB still works
         fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    done = 0
+    done, last = 0, float("-inf")
     try:
         while limit is None or done < limit:
             want = PIPE_SIZE if limit is None else min(PIPE_SIZE, limit - done)
@@ -248,8 +251,18 @@ def _copy(src: socket.socket, dst: socket.socket, limit: int | None) -> int:
             if not n:
                 break
             done += n
+            small = n < SMALL_MOVE
             while n:
                 n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
+            if small:
+                # A stream written in small pieces (the engine's frames of a few KiB) would
+                # wake this thread for each one: that CPU is taken from the engine and the
+                # client on a small host. Once one follows another closely, the next move
+                # waits for more; a lone piece (a prompt, a keystroke's echo) never waits.
+                now = time.monotonic()
+                if now - last < BUSY_GAP:
+                    time.sleep(BATCH_PAUSE)
+                last = now
     finally:
         os.close(r)
         os.close(w)

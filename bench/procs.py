@@ -115,6 +115,7 @@ class Agent:
     poll_interval: float | None = None
     exit_filter: bool = True
     hook_dir: str | None = None  # None: a spool of its own, empty
+    reconcile_interval: float | None = None
     lines: list[str] = field(default_factory=list)
     started: float = 0.0
     ready_at: float | None = None
@@ -137,6 +138,8 @@ class Agent:
             argv += ["--workdir-root", root]
         if self.poll_interval is not None:
             argv += ["--poll-interval", str(self.poll_interval)]
+        if self.reconcile_interval is not None:
+            argv += ["--reconcile-interval", str(self.reconcile_interval)]
         # Its own status socket and audit log: another agent on this host (a test's, the
         # host's own) holds the default socket, and the host's audit log is not ours.
         argv += ["--status-socket", os.path.join(self._state, "status.sock")]
@@ -186,12 +189,16 @@ class Agent:
         line = next(x for x in self.lines if READY in x)
         return int(line.split(READY, 1)[1].split()[0])
 
-    def counters(self) -> dict[str, int]:
-        """The agent's own counters (events_lost, resyncs, ...), from its status socket."""
+    def status(self) -> dict:
+        """The agent's status document, from its status socket."""
         doc = query(os.path.join(self._state, "status.sock"), timeout=30)
         if doc is None:
             raise AgentFailed(f"agent --source {self.source} does not answer on its status socket")
-        return doc["counters"]
+        return doc
+
+    def counters(self) -> dict[str, int]:
+        """The agent's own counters (events_lost, resyncs, ...)."""
+        return self.status()["counters"]
 
     def stop(self) -> None:
         if self.proc is None:

@@ -1,5 +1,6 @@
 """4. Scale: the agent's start-up reconcile (time to its "ready:" line) against listing the
-same containers or finding the same markers; and a bulk reap against `docker rm -f`."""
+same containers or finding the same markers, and its periodic reconcile of those markers;
+and a bulk reap against `docker rm -f`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from exitwatch.contract import LABEL_OWNER, MARKER
 
 RUNS = 3  # alternated runs of ours and the baseline; the median of each is reported
 DEADLINE = 300.0
+PERIODIC = 2  # periodic reconciles timed per run of the agent
+PERIODIC_INTERVAL = 1.0  # seconds between them
 
 
 def _timed(argv: list[str], env: dict[str, str] | None = None) -> float:
@@ -119,9 +122,30 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
+def _periodic(agent: Agent) -> list[float]:
+    """The took_s of PERIODIC periodic reconciles that began once the watcher had walked
+    everything: from then on a reconcile reads only the markers that changed."""
+    deadline = time.monotonic() + DEADLINE
+    while agent.status()["workdirs"]["discovery"] != "inotify":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the agent's workdir watcher did not finish its walk")
+        time.sleep(0.1)
+    watched_at, took = time.time(), {}
+    while len(took) < PERIODIC:
+        last = agent.status()["reconcile"]["last"] or {}
+        if last.get("run") and last["at"] - last["took_s"] > watched_at:
+            took[last["run"]] = last["took_s"]
+        if time.monotonic() > deadline:
+            raise RuntimeError("the agent's periodic reconciles did not come")
+        time.sleep(0.05)
+    return list(took.values())
+
+
 def workdirs(engine: Engine, owner: Runner, n: int, root: str, depth: int = 3) -> dict:
     """`n` marked dirs of one live owner, 1,000 per parent (ROOT/dI/wJ/MARKER); the
-    agent's time to "ready:" against `find ROOT -maxdepth 3 -name MARKER`."""
+    agent's time to "ready:", and the time its periodic reconciles take, against
+    `find ROOT -maxdepth 3 -name MARKER`. The engine is empty: the reconciles' other
+    listings take milliseconds."""
     body = json.dumps({"owner": str(owner.owner)}).encode()
     for i in range(n):
         parent = os.path.join(root, f"d{i // 1000}")
@@ -132,10 +156,20 @@ def workdirs(engine: Engine, owner: Runner, n: int, root: str, depth: int = 3) -
         fd = os.open(os.path.join(path, MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         os.write(fd, body)
         os.close(fd)
-    ours, base, watching = [], [], 0
+    ours, periodic, base, watching = [], [], [], 0
     find = ["find", root, "-maxdepth", str(depth), "-name", MARKER]
     for _ in range(RUNS):
-        took, watching = _ready(engine, [root])
-        ours.append(took)
+        with Agent("auto", engine.host, [root], reconcile_interval=PERIODIC_INTERVAL) as agent:
+            ours.append(agent.wait_ready(DEADLINE))
+            watching = agent.watching()
+            periodic += _periodic(agent)
         base.append(_timed(find))
-    return {"dirs": n, "watching": watching} | _compare(ours, base)
+    return (
+        {"dirs": n, "watching": watching}
+        | _compare(ours, base)
+        | {
+            "periodic_s": [round(x, 3) for x in periodic],
+            "periodic_median_s": round(stats.median(periodic), 3),
+            "periodic_ratio": stats.ratio(stats.median(periodic), stats.median(base)),
+        }
+    )

@@ -31,7 +31,7 @@ from bench import stats
 from bench.engine import IMAGE, Engine
 
 STREAM_BYTES = 256 * 1024 * 1024
-STREAM_ROUNDS = 4  # even: each socket goes first as often
+STREAM_ROUNDS = 6  # even: each socket goes first as often
 CLIENTS = 64
 # Waits for stdin to close, so the wrapper lives until the benchmark is done.
 HOLD = "import os, sys; print(os.environ['DOCKER_HOST'], flush=True); sys.stdin.read()"

@@ -117,6 +117,7 @@ class Agent:
     hook_dir: str | None = None  # None: a spool of its own, empty
     reconcile_interval: float | None = None
     lines: list[str] = field(default_factory=list)
+    arrived: list[float] = field(default_factory=list)  # monotonic, one per line
     started: float = 0.0
     ready_at: float | None = None
 
@@ -166,6 +167,7 @@ class Agent:
             if self.ready_at is None and READY in line:
                 self.ready_at = time.monotonic()
                 self._ready.set()
+            self.arrived.append(time.monotonic())
             self.lines.append(line.rstrip("\n"))
         self._ready.set()  # it exited: wake whoever waits for it to get ready
 

@@ -157,7 +157,7 @@ class Periodic:
         problems = f"; could not list {'; '.join(scanned.errors)}" if scanned.errors else ""
         log.log(
             logging.WARNING if missed or scanned.errors else logging.INFO,
-            "reconcile: listed %d resources in %.1f s; %d were unknown to the index, %d of "
+            "reconcile: listed %d resources in %.2f s; %d were unknown to the index, %d of "
             "them of dead owners%s",
             listed,
             scanned.took,

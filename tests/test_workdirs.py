@@ -426,8 +426,12 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_scan_beside_the_watcher_reads_no_marker_it_has_read(
-    root: Path, running: Callable[[Workdirs], Changes], reads: list[str]
+    root: Path,
+    running: Callable[[Workdirs], Changes],
+    reads: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(workdirs, "RACY_NS", 0)  # markers of a moment ago count as settled
     dirs = [marked(root / "a" / f"w{i}") for i in range(5)]
     kind = Workdirs([str(root)])
     running(kind)
@@ -439,15 +443,16 @@ def test_a_scan_beside_the_watcher_reads_no_marker_it_has_read(
 
 
 def test_a_scan_reads_again_what_changed_since_the_watcher_read_it(
-    root: Path, reads: list[str]
+    root: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(workdirs, "RACY_NS", 0)
     dirs = [marked(root / "a" / f"w{i}") for i in range(5)]
     known = workdirs._Tree((str(root),), 3)  # what a watcher saw, then missed changes of
     known.walk_roots(None)
     reads.clear()
     other = owner_of(os.getpid())
     write_marker(dirs[0], other)  # a new inode
-    (dirs[1] / MARKER).write_text(json.dumps({"owner": str(other)}))  # the same one
+    (dirs[1] / MARKER).write_text(json.dumps({"owner": str(other), "pad": ""}))  # in place
     os.chown(dirs[2], 1, 1)  # the claim changes with the directory's owner
 
     found = workdirs._Tree((str(root),), 3, known).walk_roots(None)
@@ -455,6 +460,41 @@ def test_a_scan_reads_again_what_changed_since_the_watcher_read_it(
     assert {p: r.owner for p, r in found.items()} == {
         str(d): other if d in dirs[:2] else DEAD for d in dirs
     }
+
+
+def test_a_marker_read_just_after_it_changed_is_read_again(root: Path, reads: list[str]) -> None:
+    # Its stat may not change with a rewrite in place of the same size within one tick of
+    # the file clock: until it is older than RACY_NS, no reading of it is reused.
+    dirs = [marked(root / f"w{i}") for i in range(3)]
+    tree = workdirs._Tree((str(root),), 3)
+    tree.walk_roots(None)
+    assert len(reads) == 3
+    tree.walk_roots(None)
+    assert len(reads) == 6
+    assert sorted(workdirs._Tree((str(root),), 3, tree).walk_roots(None)) == sorted(map(str, dirs))
+    assert len(reads) == 9
+
+
+def test_a_directory_renamed_in_before_its_walk_is_judged_by_its_own_marker(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The walk looks at x from its parent (unmarked), then y, a workdir with another
+    # below it, is renamed into x's place before x is opened to be walked.
+    (root / "x").mkdir()
+    marked(root / "y")
+    marked(root / "y" / "inner")
+    look = workdirs._Tree._marker_below
+
+    def then_swap(tree: workdirs._Tree, parent: int, name: str, path: str) -> object:
+        seen = look(tree, parent, name, path)
+        if name == "x" and (root / "y").exists():
+            os.rename(root / "x", root / "x.old")
+            os.rename(root / "y", root / "x")
+        return seen
+
+    monkeypatch.setattr(workdirs._Tree, "_marker_below", then_swap)
+    found = keys(Workdirs([str(root)]).scan())
+    assert str(root / "x") in found and str(root / "x" / "inner") not in found
 
 
 def test_start_reports_a_snapshot_first_then_changes(

@@ -141,7 +141,8 @@ def open_under(root: str, parts: Sequence[str]) -> int:
 
 
 # visit(at, name, path, depth): the directory `name` in the open directory `at` ("." for
-# `at` itself); True to walk below it, False not to, None when it cannot tell from `at`.
+# `at` itself); True to walk below it, False (or None for ".") not to, and None for a
+# subdirectory it cannot judge from its parent.
 Visit = Callable[[int, str, str, int], bool | None]
 
 
@@ -156,10 +157,11 @@ def walk_dirs(
     """Visit the open directory `fd`, which is `path` at `depth`, and its subdirectories
     down to depth `limit`, below those for which visit returns True. Closes `fd`.
 
-    A subdirectory is visited from its parent, and opened only to be walked, to be watched
-    (watch(fd, path, depth) before it is read, so nothing created meanwhile goes unseen)
-    or when visit returns None; it is then visited again as ".", open. Most workdirs are
-    never opened: their marker says there is nothing to walk below them.
+    Without `watch`, a subdirectory is visited from its parent first, and opened only to
+    be walked or when that visit returns None; it is then visited as ".", open. Most
+    workdirs are never opened: their marker says there is nothing to walk below them.
+    With `watch`, each directory is opened and watched (watch(fd, path, depth)) before it
+    is visited as "." and read, so nothing created meanwhile goes unseen.
 
     Symlinks, mount points and entries that vanish are skipped, and so, with a warning,
     is a directory that cannot be opened (EACCES from a FUSE mount of another user's,
@@ -267,8 +269,10 @@ def pin_below(dir_fd: int, sub: str, name: str) -> int:
     path resolves beneath `dir_fd`, through no symlink and across no mount. Needs openat2
     (have_openat2()). Raises OSError: ELOOP, EXDEV or ENOTDIR when `sub` is not a plain
     subdirectory, ENOENT when either is missing."""
-    path = f"{sub}/{name}".encode(_FS_ENCODING, _FS_ERRORS)
-    fd = _syscall4(_SYS_OPENAT2, dir_fd, path, _PIN_BELOW_AT, _HOW_SIZE)
+    path = f"{sub}/{name}"
+    fd = _syscall4(
+        _SYS_OPENAT2, dir_fd, path.encode(_FS_ENCODING, _FS_ERRORS), _PIN_BELOW_AT, _HOW_SIZE
+    )
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import stat
+import time
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -30,6 +31,10 @@ log = logging.getLogger(__name__)
 KIND = "workdir"
 # Children of a dead owner may still be writing into its workdir: empty it this many times.
 REMOVE_PASSES = 3
+# A marker changed less than this before it was read may change again with the same stat:
+# file times tick coarsely (a jiffy; 2 s on FAT), so a rewrite in place of the same size
+# within one tick keeps them. Such a reading is not trusted for longer than one walk.
+RACY_NS = 2_000_000_000
 # Errors that say a directory is no longer a plain directory at that path: it is gone.
 # Anything else (EMFILE, ENOMEM, EACCES on a FUSE mount...) says nothing about it.
 _GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV)
@@ -45,6 +50,7 @@ class _Seen(NamedTuple):
     sig: tuple[int, ...]
     res: Resource | None  # the workdir, when the marker names an owner
     hides: bool  # a valid claim: what lies below is the workdir's own content
+    racy: bool = False  # read too soon after it changed: read it again next time (RACY_NS)
 
 
 _UNMARKED = _Seen((), None, False)
@@ -127,12 +133,13 @@ class _Tree:
                 return True
             if name == ".":
                 seen = self._marker(at, where, fresh and where == path)
-            elif below:
-                seen = self._marker_below(at, name, where)
             else:
-                return None
-            if seen is None:
-                return None
+                seen = self._marker_below(at, name, where) if below else None
+                # Only a verdict that leaves the directory unwalked stands without opening
+                # it: one that is walked is judged again through the descriptor it is
+                # walked by, whatever was renamed into its place meanwhile.
+                if seen is None or not (seen.hides or depth >= self.depth):
+                    return None
             if seen.res is not None:
                 found[where] = seen.res
             return not seen.hides
@@ -165,8 +172,9 @@ class _Tree:
 
         The directory's stat comes from a second lookup of `name`, so it may be that of a
         directory renamed into its place meanwhile. It only says whether the marker is a
-        valid claim: a claim its owner could make by writing the marker there, and which
-        removal, through descriptors, checks again."""
+        valid claim: one its owner could make by writing the marker there, which hides
+        only what the owner of that directory controls, and which removal, through
+        descriptors, checks again."""
         try:
             pfd = fsops.pin_below(parent, name, MARKER)
         except FileNotFoundError:
@@ -204,9 +212,11 @@ class _Tree:
         if old is None and self.known is not None:
             # Another thread's dict: one get() is atomic, and _Seen is immutable.
             old = self.known.markers.get(path)
-        if old is not None and old.sig == sig:
+        same = old is not None and old.sig == sig  # then what it says was said already
+        if same and not old.racy:
             self.markers[path] = old
             return old
+        racy = time.time_ns() - st.st_ctime_ns < RACY_NS
         try:
             owner = marker.read_pinned(pfd, st)
         except marker.MarkerError as err:
@@ -216,21 +226,23 @@ class _Tree:
                 # after writing brings it back (a hard link, with two, is already whole).
                 self.markers[path] = _UNMARKED  # read again next time
                 return _UNMARKED
-            log.warning("marker %s %s; workdir skipped", _where(path), err)
-            self.markers[path] = _Seen(sig, None, False)
+            if not same:
+                log.warning("marker %s %s; workdir skipped", _where(path), err)
+            self.markers[path] = _Seen(sig, None, False, racy)
             return self.markers[path]
         except OSError as err:
             return self._unsure(path, err)
         self.unsure.discard(path)
         why = marker.claim(dst, st)
-        if why is not None:
+        if why is not None and not same:
             # Indexed all the same, so that its owner's death leaves a refusal on record.
             log.warning(
                 "marker %s %s: it is not removed, and workdirs below it are looked for",
                 _where(path),
                 why,
             )
-        seen = self.markers[path] = _Seen(sig, Resource(KIND, path, owner, name=path), why is None)
+        res = Resource(KIND, path, owner, name=path)
+        seen = self.markers[path] = _Seen(sig, res, why is None, racy)
         return seen
 
     def _unsure(self, path: str, err: OSError) -> _Seen:
@@ -286,9 +298,11 @@ class Workdirs(ResourceKind):
 
     def scan(self) -> Snapshot:
         """Every workdir now. Raises OSError when a marker cannot be read for now (a full
-        fd table, a lease): a fresh walk knows nothing earlier of it, and a listing without
-        it would read as its workdir gone. One its owner keeps from root (EACCES under a
-        FUSE mount) is skipped with a warning, as it always is: it would fail every listing."""
+        fd table, a lease): a scan's walk does not stand by what was known of it, and a
+        listing without it would read as its workdir gone. Beside a running discovery
+        thread, a marker it has read is not read again while its stat stays. One its owner
+        keeps from root (EACCES under a FUSE mount) is skipped with a warning, as it always
+        is: it would fail every listing."""
         tree = _Tree(self.roots, self.depth, self._followed)
         found = tree.walk_roots(None)
         if tree.transient:

@@ -52,6 +52,8 @@ class Sizes:
     """Containers of the one owner reaped in bulk (and of the baseline's owner)."""
     workdirs: int = 100_000
     """Marked dirs for the workdir reconcile."""
+    reconcile_interval: float = 5.0
+    """Seconds between the periodic reconciles timed over those dirs."""
     wrapper_trials: int = 100
     """create+start pairs through `exitwatch run`'s socket and directly."""
     wrapper_stream_mb: int = 256
@@ -69,6 +71,7 @@ SMOKE = Sizes(
     reconcile_containers=20,
     bulk_containers=10,
     workdirs=200,
+    reconcile_interval=1.0,
     wrapper_trials=3,
     wrapper_stream_mb=16,
 )
@@ -209,7 +212,9 @@ def _scale(engine: Engine, owners: list, sizes: Sizes, work: str, empty: str) ->
     out["startup_empty"] = scale.startup(engine, empty)
     out["bulk"] = scale.bulk(engine, sizes.bulk_containers, empty)
     root = _fresh(os.path.join(work, "workdirs"))
-    out["workdirs"] = scale.workdirs(engine, owners[0], sizes.workdirs, root)
+    out["workdirs"] = scale.workdirs(
+        engine, owners[0], sizes.workdirs, root, sizes.reconcile_interval
+    )
     return out
 
 

@@ -17,8 +17,9 @@ from exitwatch.contract import LABEL_OWNER, MARKER
 RUNS = 3  # alternated runs of ours and the baseline; the median of each is reported
 DEADLINE = 300.0
 PERIODIC = 2  # periodic reconciles timed per run of the agent
-PERIODIC_INTERVAL = 5.0  # seconds: the first reconcile comes after ready, and is not timed
-WATCHING = "following workdirs under "  # the agent's log: the watcher has walked everything
+# The agent's log: the discovery thread has walked everything, and follows it with inotify
+# or, failing that (too few inotify watches), with rescans.
+WALKED = ("following workdirs under ", "workdir discovery falls back to rescans")
 RECONCILED = "reconcile: listed "  # "... N resources in S s"
 
 
@@ -132,12 +133,12 @@ def _periodic(agent: Agent) -> list[float]:
     watched, took = None, []
     seen = 0
     while len(took) < PERIODIC:
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or agent.proc.poll() is not None:
             raise RuntimeError("the agent's periodic reconciles did not come")
         while seen < len(agent.lines):
             line, at = agent.lines[seen], agent.arrived[seen]
             seen += 1
-            if watched is None and WATCHING in line:
+            if watched is None and any(w in line for w in WALKED):
                 watched = at
             elif watched is not None and RECONCILED in line:
                 s = float(line.split(RECONCILED, 1)[1].split()[3])
@@ -147,11 +148,14 @@ def _periodic(agent: Agent) -> list[float]:
     return took[:PERIODIC]
 
 
-def workdirs(engine: Engine, owner: Runner, n: int, root: str, depth: int = 3) -> dict:
+def workdirs(
+    engine: Engine, owner: Runner, n: int, root: str, interval: float, depth: int = 3
+) -> dict:
     """`n` marked dirs of one live owner, 1,000 per parent (ROOT/dI/wJ/MARKER); the
-    agent's time to "ready:", and the time its periodic reconciles take, against
-    `find ROOT -maxdepth 3 -name MARKER`. The engine is empty: the reconciles' other
-    listings take milliseconds."""
+    agent's time to "ready:", and the time its periodic reconciles (every `interval` s;
+    the first comes after ready, during the watcher's walk, and is not timed) take,
+    against `find ROOT -maxdepth 3 -name MARKER`. The engine is empty: the reconciles'
+    other listings take milliseconds."""
     body = json.dumps({"owner": str(owner.owner)}).encode()
     for i in range(n):
         parent = os.path.join(root, f"d{i // 1000}")
@@ -165,7 +169,7 @@ def workdirs(engine: Engine, owner: Runner, n: int, root: str, depth: int = 3) -
     ours, periodic, base, watching = [], [], [], 0
     find = ["find", root, "-maxdepth", str(depth), "-name", MARKER]
     for _ in range(RUNS):
-        with Agent("auto", engine.host, [root], reconcile_interval=PERIODIC_INTERVAL) as agent:
+        with Agent("auto", engine.host, [root], reconcile_interval=interval) as agent:
             ours.append(agent.wait_ready(DEADLINE))
             watching = agent.watching()
             periodic += _periodic(agent)

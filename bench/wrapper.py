@@ -57,15 +57,18 @@ class _Peak(threading.Thread):
         return round(self.peak / 2**20, 1)
 
 
-def _create_start(api: docker.APIClient) -> float:
-    """ms to create and start a container of `true`; it is gone again when this returns."""
+def _create_start(api: docker.APIClient, made: list[str]) -> float:
+    """ms to create and start a container of `true`; it is gone again when this returns
+    (or left in `made` for the end)."""
     t0 = time.perf_counter()
     cid = api.create_container(IMAGE, "true")["Id"]
+    made.append(cid)
     api.start(cid)
     took = (time.perf_counter() - t0) * 1000
     # Its exit and removal would otherwise overlap the next trial: the engine's jitter.
     api.wait(cid)
     api.remove_container(cid)
+    made.remove(cid)
     return took
 
 
@@ -139,7 +142,7 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
             # does in the background (its log and layer writes, say).
             pair = [(direct, direct_api), (through, proxy_api)]
             for times, api in pair if n % 2 else reversed(pair):
-                times.append(_create_start(api))
+                times.append(_create_start(api, made))
             ping_d += _ping_ms(engine.host, 5)
             ping_p += _ping_ms(proxied, 5)
         cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]

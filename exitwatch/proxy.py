@@ -255,10 +255,11 @@ def _copy(src: socket.socket, dst: socket.socket, limit: int | None) -> int:
             while n:
                 n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
             if small:
-                # A stream written in small pieces (the engine's frames of a few KiB) would
-                # wake this thread for each one: that CPU is taken from the engine and the
-                # client on a small host. Once one follows another closely, the next move
-                # waits for more; a lone piece (a prompt, a keystroke's echo) never waits.
+                # A stream written in small pieces (the engine's exec frames of a few KiB,
+                # a client's stdin) would wake this thread for each one: that CPU is taken
+                # from the engine and the client on a small host. Once one small piece
+                # follows another closely, the next move waits for more; a lone piece (a
+                # prompt, a keystroke's echo) never waits.
                 now = time.monotonic()
                 if now - last < BUSY_GAP:
                     time.sleep(BATCH_PAUSE)

@@ -75,7 +75,7 @@ def test_sigkilled_owner_loses_its_container_and_workdir(engine, start_agent, wo
     # Polling learns the wait status only if it sees the zombie. The hint's confirm may
     # also find the owner still a zombie of this test process: "zombie, killed by SIGKILL".
     if source != "poll":
-        assert "killed by SIGKILL" in line.split("death=", 1)[1]
+        assert "killed by SIGKILL" in line.partition("death=")[2], line
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -260,7 +260,7 @@ def _scan(config: Config) -> dict:
     """What a one-shot scan finds, read-only: live owners, and orphans waiting."""
     from exitwatch.index import Index
     from exitwatch.owner import death
-    from exitwatch.resources import workdirs
+    from exitwatch.resources import workdir_tree
     from exitwatch.resources.engine import EngineError
 
     index = Index()
@@ -268,7 +268,7 @@ def _scan(config: Config) -> dict:
     docker = {"endpoint": kinds[0].host, "connected": True}
     skipped = _SkippedMarkers()
     unlisted = []  # a non-root user cannot list the hook spool: one line, not a warning
-    workdirs.log.addFilter(skipped)
+    workdir_tree.log.addFilter(skipped)
     try:
         for kind in kinds:
             try:
@@ -278,7 +278,7 @@ def _scan(config: Config) -> dict:
             except (OSError, ValueError) as err:
                 unlisted.append(f"{kind.kind}s: {err}")
     finally:
-        workdirs.log.removeFilter(skipped)
+        workdir_tree.log.removeFilter(skipped)
     owners, pending = [], []
     for owner in sorted(index.owners()):
         why = death(owner)

@@ -26,7 +26,7 @@ import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.owner import Owner, current_boot_id, owner_of
-from exitwatch.resources import fsops, inotify, workdir_watch, workdirs
+from exitwatch.resources import fsops, inotify, workdir_tree, workdir_watch
 from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
 from exitwatch.resources.workdirs import Workdirs
 
@@ -275,7 +275,7 @@ def test_scan_warns_once_per_malformed_marker_and_skips_it(
 
     # A blocking open of the FIFO would hang here: scan on a thread, with a deadline.
     result: list[Snapshot] = []
-    with caplog.at_level(logging.WARNING, logger="exitwatch.resources.workdirs"):
+    with caplog.at_level(logging.WARNING, logger="exitwatch.resources.workdir_tree"):
         t = threading.Thread(
             target=lambda: result.append(Workdirs([str(root)]).scan()), daemon=True
         )
@@ -414,14 +414,14 @@ def gone(path: Path) -> Callable[[Change], bool]:
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The markers this thread reads (not a watcher's), by directory, from now on."""
-    read, me, out = workdirs.marker.read_pinned, threading.get_ident(), []
+    read, me, out = workdir_tree.marker.read_pinned, threading.get_ident(), []
 
     def counted(pfd: int, st: os.stat_result) -> Owner:
         if threading.get_ident() == me:
             out.append(os.path.dirname(os.readlink(f"/proc/self/fd/{pfd}")))
         return read(pfd, st)
 
-    monkeypatch.setattr(workdirs.marker, "read_pinned", counted)
+    monkeypatch.setattr(workdir_tree.marker, "read_pinned", counted)
     return out
 
 
@@ -431,7 +431,7 @@ def test_a_scan_beside_the_watcher_reads_no_marker_it_has_read(
     reads: list[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(workdirs, "RACY_NS", 0)  # markers of a moment ago count as settled
+    monkeypatch.setattr(workdir_tree, "RACY_NS", 0)  # markers of a moment ago count as settled
     dirs = [marked(root / "a" / f"w{i}") for i in range(5)]
     kind = Workdirs([str(root)])
     running(kind)
@@ -445,9 +445,9 @@ def test_a_scan_beside_the_watcher_reads_no_marker_it_has_read(
 def test_a_scan_reads_again_what_changed_since_the_watcher_read_it(
     root: Path, reads: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workdirs, "RACY_NS", 0)
+    monkeypatch.setattr(workdir_tree, "RACY_NS", 0)
     dirs = [marked(root / "a" / f"w{i}") for i in range(5)]
-    known = workdirs._Tree((str(root),), 3)  # what a watcher saw, then missed changes of
+    known = workdir_tree.Tree((str(root),), 3)  # what a watcher saw, then missed changes of
     known.walk_roots(None)
     reads.clear()
     other = owner_of(os.getpid())
@@ -455,7 +455,7 @@ def test_a_scan_reads_again_what_changed_since_the_watcher_read_it(
     (dirs[1] / MARKER).write_text(json.dumps({"owner": str(other), "pad": ""}))  # in place
     os.chown(dirs[2], 1, 1)  # the claim changes with the directory's owner
 
-    found = workdirs._Tree((str(root),), 3, known).walk_roots(None)
+    found = workdir_tree.Tree((str(root),), 3, known).walk_roots(None)
     assert sorted(reads) == sorted(map(str, dirs[:3]))
     assert {p: r.owner for p, r in found.items()} == {
         str(d): other if d in dirs[:2] else DEAD for d in dirs
@@ -466,12 +466,13 @@ def test_a_marker_read_just_after_it_changed_is_read_again(root: Path, reads: li
     # Its stat may not change with a rewrite in place of the same size within one tick of
     # the file clock: until it is older than RACY_NS, no reading of it is reused.
     dirs = [marked(root / f"w{i}") for i in range(3)]
-    tree = workdirs._Tree((str(root),), 3)
+    tree = workdir_tree.Tree((str(root),), 3)
     tree.walk_roots(None)
     assert len(reads) == 3
     tree.walk_roots(None)
     assert len(reads) == 6
-    assert sorted(workdirs._Tree((str(root),), 3, tree).walk_roots(None)) == sorted(map(str, dirs))
+    again = workdir_tree.Tree((str(root),), 3, tree).walk_roots(None)
+    assert sorted(again) == sorted(map(str, dirs))
     assert len(reads) == 9
 
 
@@ -483,16 +484,16 @@ def test_a_directory_renamed_in_before_its_walk_is_judged_by_its_own_marker(
     (root / "x").mkdir()
     marked(root / "y")
     marked(root / "y" / "inner")
-    look = workdirs._Tree._marker_below
+    look = workdir_tree.Tree._marker_below
 
-    def then_swap(tree: workdirs._Tree, parent: int, name: str, path: str) -> object:
+    def then_swap(tree: workdir_tree.Tree, parent: int, name: str, path: str) -> object:
         seen = look(tree, parent, name, path)
         if name == "x" and (root / "y").exists():
             os.rename(root / "x", root / "x.old")
             os.rename(root / "y", root / "x")
         return seen
 
-    monkeypatch.setattr(workdirs._Tree, "_marker_below", then_swap)
+    monkeypatch.setattr(workdir_tree.Tree, "_marker_below", then_swap)
     found = keys(Workdirs([str(root)]).scan())
     assert str(root / "x") in found and str(root / "x" / "inner") not in found
 
@@ -1057,7 +1058,7 @@ def test_a_stop_ends_the_watching_walk_within_a_thousand_directories(root: Path)
         (root / f"d{i}").mkdir()
     changes = Changes()
     stop_r, stop_w = os.pipe()
-    tree = workdirs._Tree((str(root),), 3)
+    tree = workdir_tree.Tree((str(root),), 3)
     watcher = workdir_watch._Watcher(tree, "workdir", changes, stop_r)
     try:
         os.write(stop_w, b"x")

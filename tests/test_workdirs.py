@@ -476,6 +476,26 @@ def test_a_marker_read_just_after_it_changed_is_read_again(root: Path, reads: li
     assert len(reads) == 9
 
 
+def test_the_watcher_looks_again_at_a_racy_reading_so_a_scan_need_not(
+    root: Path,
+    running: Callable[[Workdirs], Changes],
+    reads: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workdir_tree, "RACY_NS", 300_000_000)
+    monkeypatch.setattr(workdir_watch, "RECHECK", 0.1)
+    early = marked(root / "early")
+    kind = Workdirs([str(root)])
+    changes = running(kind)
+    wait_for(lambda: kind.discovery == "inotify", what="the watching walk to end")
+    late = marked(root / "late")  # seen through inotify and read at once: racy
+    changes.wait(found(late), "the late workdir")
+    tree = kind._followed
+    assert tree is not None
+    wait_for(lambda: not tree.racy, what="the racy readings to be looked at again")
+    assert keys(kind.scan()) == {str(early), str(late)} and reads == []
+
+
 def test_a_directory_renamed_in_before_its_walk_is_judged_by_its_own_marker(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

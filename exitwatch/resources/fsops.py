@@ -2,7 +2,8 @@
 never follow a symlink or cross a mount: opening, walking, reading a small regular file,
 emptying a directory.
 
-Nothing here knows what a workdir or a marker is; workdirs.py gives the calls meaning.
+Nothing here knows what a workdir or a marker is; workdir_tree.py and workdirs.py give
+the calls meaning.
 """
 
 from __future__ import annotations
@@ -157,9 +158,10 @@ def walk_dirs(
     """Visit the open directory `fd`, which is `path` at `depth`, and its subdirectories
     down to depth `limit`, below those for which visit returns True. Closes `fd`.
 
-    Without `watch`, a subdirectory is visited from its parent first, and opened only to
-    be walked or when that visit returns None; it is then visited as ".", open. Most
-    workdirs are never opened: their marker says there is nothing to walk below them.
+    Without `watch`, a subdirectory is visited from its parent first. It is opened only
+    when that visit returns None, and then visited as ".", open; or when it returns True,
+    to be walked. Most workdirs are never opened: their marker says there is nothing to
+    walk below them.
     With `watch`, each directory is opened and watched (watch(fd, path, depth)) before it
     is visited as "." and read, so nothing created meanwhile goes unseen.
 

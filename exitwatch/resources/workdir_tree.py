@@ -41,6 +41,7 @@ class _Seen(NamedTuple):
     res: Resource | None  # the workdir, when the marker names an owner
     hides: bool  # a valid claim: what lies below is the workdir's own content
     racy: bool = False  # read too soon after it changed: read it again next time (RACY_NS)
+    said: str | None = None  # what was warned of it, so that it is warned of once
 
 
 _UNMARKED = _Seen((), None, False)
@@ -55,13 +56,14 @@ class Tree:
     """The workdirs below the roots, found by walking them (a workdir_watch.Tree).
 
     Markers are remembered between walks, so an unchanged one is neither read nor warned
-    about again. A marker hides what lies below its directory only when it is a valid
-    claim (see marker.claim): anyone can write a marker into a shared directory, and that must
-    not hide the workdirs of others below it. A marker that cannot be read now is in
-    `unsure`: what was known of it stands until it is read again. One per scan or
-    discovery thread. A scan may look up what the discovery thread's tree (`known`) has
-    seen of a marker, without changing it: a marker whose stat has not changed since is
-    not read again, and a reconcile reads only what changed.
+    about again, unless it was read less than RACY_NS after it changed (those are in
+    `racy`, to be looked at again). A marker hides what lies below its directory only when
+    it is a valid claim (see marker.claim): anyone can write a marker into a shared
+    directory, and that must not hide the workdirs of others below it. A marker that
+    cannot be read now is in `unsure`: what was known of it stands until it is read again.
+    One per scan or discovery thread. A scan may look up what the discovery thread's tree
+    (`known`) has seen of a marker, without changing it: a marker whose stat has not
+    changed since is not read again, and a reconcile reads only what changed.
     """
 
     def __init__(self, roots: tuple[str, ...], depth: int, known: Tree | None = None) -> None:
@@ -71,6 +73,7 @@ class Tree:
         self.missing_roots: set[str] = set()
         self.unsure: set[str] = set()
         self.transient: set[str] = set()  # of `unsure`, those that failed for want of fds...
+        self.racy: set[str] = set()
 
     def walk_roots(self, watch: Watch | None) -> dict[str, Resource]:
         self.previous, self.markers = self.markers, {}
@@ -207,24 +210,24 @@ class Tree:
             self.markers[path] = old
             return old
         racy = time.time_ns() - st.st_ctime_ns < RACY_NS
+        said = old.said if same else None  # a racy reading's warning, if any
         try:
             owner = marker.read_pinned(pfd, st)
         except marker.MarkerError as err:
-            self.unsure.discard(path)
+            self._looked(path, False)
             if fresh and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 # Made in place, it may still be being written: not wrong yet. Closing it
                 # after writing brings it back (a hard link, with two, is already whole).
                 self.markers[path] = _UNMARKED  # read again next time
                 return _UNMARKED
-            if not same:
+            if str(err) != said:
                 log.warning("marker %s %s; workdir skipped", _where(path), err)
-            self.markers[path] = _Seen(sig, None, False, racy)
+            self.markers[path] = _Seen(sig, None, False, self._looked(path, racy), str(err))
             return self.markers[path]
         except OSError as err:
             return self._unsure(path, err)
-        self.unsure.discard(path)
         why = marker.claim(dst, st)
-        if why is not None and not same:
+        if why is not None and why != said:
             # Indexed all the same, so that its owner's death leaves a refusal on record.
             log.warning(
                 "marker %s %s: it is not removed, and workdirs below it are looked for",
@@ -232,8 +235,20 @@ class Tree:
                 why,
             )
         res = Resource(KIND, path, owner, name=path)
-        seen = self.markers[path] = _Seen(sig, res, why is None, racy)
+        seen = _Seen(sig, res, why is None, self._looked(path, racy), why)
+        self.markers[path] = seen
         return seen
+
+    def _looked(self, path: str, racy: bool) -> bool:
+        """The marker at `path` needs no second look, or (racy) one after RACY_NS; returns
+        `racy`."""
+        self.unsure.discard(path)
+        self.transient.discard(path)
+        if racy:
+            self.racy.add(path)
+        else:
+            self.racy.discard(path)
+        return racy
 
     def _unsure(self, path: str, err: OSError) -> _Seen:
         """The marker at `path` cannot be read now: what was known of it stands, and it is
@@ -255,7 +270,7 @@ class Tree:
 
     def _forget(self, path: str) -> None:
         self.markers.pop(path, None)
-        self.unsure.discard(path)
+        self._looked(path, False)
 
 
 def split(roots: Iterable[str], path: str) -> tuple[str, list[str]] | None:

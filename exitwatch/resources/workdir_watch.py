@@ -1,7 +1,7 @@
 """Following the workdir roots: a Snapshot of the workdirs, then each change as it happens,
 with inotify, or with rescans when inotify cannot be used.
 
-What makes a directory a workdir is the Tree's business (workdirs.py gives one); this module
+What makes a directory a workdir is the Tree's business (workdir_tree.py gives one); this module
 knows only which directories to watch and which events make one worth looking at again.
 """
 
@@ -43,6 +43,7 @@ class Tree(Protocol):
     roots: tuple[str, ...]
     depth: int  # how many levels below its root a workdir may lie
     unsure: set[str]  # directories whose marker could not be read: look again later
+    racy: set[str]  # whose marker was read just after it changed: look again later
 
     def walk_roots(self, watch: Watch | None) -> dict[str, Resource]:
         """Every workdir below the roots, by path; `watch` sees each directory before it is
@@ -218,21 +219,24 @@ class _Watcher:
             self.refresh(os.path.join(path, name), depth + 1)
 
     def recheck(self) -> float | None:
-        """Look again at what could not be read, once RECHECK has passed; how long until
-        the next look, or None when nothing waits for one."""
-        if not self.redo and not self.tree.unsure:
+        """Look again at what could not be read, or was read too soon after it changed to
+        be known for what it is, once RECHECK has passed; how long until the next look, or
+        None when nothing waits for one."""
+        if not (self.redo or self.tree.unsure or self.tree.racy):
             return None
         now = time.monotonic()
         if now >= self.recheck_at:
             self.recheck_at = now + RECHECK
             todo = dict(self.redo)
-            for path in list(self.tree.unsure):
+            for path in list(self.tree.unsure) + list(self.tree.racy):
                 watched = self.ino.dirs.get(path)
                 if watched is not None:
                     todo.setdefault(path, watched.depth)
+                else:  # not followed any more: nothing will look at it
+                    self.tree.racy.discard(path)
             for path, depth in todo.items():
                 self.refresh(path, depth)
-        if not self.redo and not self.tree.unsure:
+        if not (self.redo or self.tree.unsure or self.tree.racy):
             return None
         return max(0.0, self.recheck_at - time.monotonic())
 

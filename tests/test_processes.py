@@ -329,6 +329,9 @@ def _orphan(argv: list[str], env: dict[str, str], comm: str = "sleep") -> Proc:
     out = subprocess.run(["sh", "-c", script, "sh", *argv], env=env, capture_output=True)
     proc = Proc(int(out.stdout))
     wait_for(lambda: procfs.read_stat(proc.pid).comm == comm, what=f"{comm} to run")
+    # An exec names the process before it sets up the new environment, which /proc shows
+    # empty until then.
+    wait_for(lambda: psutil.Process(proc.pid).environ(), what=f"{comm}'s environment")
     return proc
 
 
@@ -368,6 +371,19 @@ def _judged(kind: Processes, owner: Owner, proc: Proc) -> str:
     (outcome,) = kind.remove(owner, [_resource(owner, proc)], dry_run=False)
     assert outcome.refused and not proc.ended(), outcome
     return outcome.detail
+
+
+def test_an_environment_read_empty_is_a_failure_to_retry_not_a_refusal(attacker, runs, monkeypatch):
+    kind, run = _dead_run_known(attacker, runs)
+    res = _resource(run.owner, run.leftover)
+    read = psutil.Process.environ
+    monkeypatch.setattr(psutil.Process, "environ", lambda self: {})  # caught mid-exec
+    (outcome,) = kind.remove(run.owner, [res], dry_run=False)
+    assert not outcome.ok and not outcome.refused and "reads empty" in outcome.detail
+    assert not run.leftover.ended()
+    monkeypatch.setattr(psutil.Process, "environ", read)  # the retry, once the exec is done
+    (outcome,) = kind.remove(run.owner, [res], dry_run=False)
+    assert outcome.ok and outcome.detail == "killed (SIGKILL)"
 
 
 def test_the_agents_own_descendant_is_refused(attacker, runs):

@@ -51,6 +51,7 @@ may be reused between the checks and the kill, a pidfd may not.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import select
@@ -398,6 +399,10 @@ class Processes(ResourceKind):
             raise _Refused("it is in another pid namespace")
         proc = psutil.Process(pid)
         environ = proc.environ()
+        if not environ:
+            # Read between an exec's new memory map and its new environment, /proc shows
+            # none. That says nothing yet: a failure, retried, rather than a refusal.
+            raise OSError(errno.EAGAIN, "its environment reads empty now (an exec under way?)")
         if environ.get(VARIABLE) != str(owner) or environ.get(RUN_VARIABLE) != str(owner):
             raise _Refused(
                 f"its environment no longer carries {VARIABLE} and {RUN_VARIABLE}={owner}"

@@ -108,13 +108,16 @@ def _subdir_opener() -> Callable[[int, str], int]:
 
 
 def _open_subdir2(dir_fd: int, name: str) -> int:
-    # _openat2 unrolled: a walk opens 100,000 directories this way.
-    fd = _syscall4(
-        _SYS_OPENAT2, dir_fd, name.encode(_FS_ENCODING, _FS_ERRORS), _SUBDIR_HOW_AT, _HOW_SIZE
-    )
+    return _openat2_at(dir_fd, name, _SUBDIR_HOW_AT)
+
+
+def _openat2_at(dir_fd: int, path: str, how_at: int) -> int:
+    """_openat2 unrolled, with `how_at` the address of an open_how made once: a walk
+    makes this call 100,000 times. Raises OSError."""
+    fd = _syscall4(_SYS_OPENAT2, dir_fd, path.encode(_FS_ENCODING, _FS_ERRORS), how_at, _HOW_SIZE)
     if fd < 0:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), name)
+        raise OSError(err, os.strerror(err), path)
     return fd
 
 
@@ -271,14 +274,7 @@ def pin_below(dir_fd: int, sub: str, name: str) -> int:
     path resolves beneath `dir_fd`, through no symlink and across no mount. Needs openat2
     (have_openat2()). Raises OSError: ELOOP, EXDEV or ENOTDIR when `sub` is not a plain
     subdirectory, ENOENT when either is missing."""
-    path = f"{sub}/{name}"
-    fd = _syscall4(
-        _SYS_OPENAT2, dir_fd, path.encode(_FS_ENCODING, _FS_ERRORS), _PIN_BELOW_AT, _HOW_SIZE
-    )
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return fd
+    return _openat2_at(dir_fd, f"{sub}/{name}", _PIN_BELOW_AT)
 
 
 def read_pinned(pfd: int, st: os.stat_result, limit: int) -> bytes:

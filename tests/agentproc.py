@@ -8,9 +8,11 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,6 +136,19 @@ def running(engine, root: Path, log: Path, source: str = "netlink") -> Iterator[
         yield agent
     finally:
         agent.stop()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for an agent's --metrics-addr."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int, timeout: float = 5.0) -> str:
+    """The text an agent's metrics endpoint on 127.0.0.1:`port` serves now."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+        return r.read().decode()
 
 
 def container(engine, pid=None, labels=None) -> str:

@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, agent_argv, container, wait_gone
+from agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
 from procs import kill, spawn_owner, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,12 +70,6 @@ def test_dashboard_queries_parse(tmp_path: Path) -> None:
     _promtool("check", "rules", str(path))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _exported(text: str) -> set[str]:
     """The sample names in a /metrics page."""
     return {
@@ -95,7 +87,7 @@ def test_every_metric_named_is_exported_by_a_running_agent(engine, workroot, tmp
     held = workroot / "held"
     held.mkdir()
     mark_workdir(held, alive.pid)
-    port = _free_port()
+    port = free_port()
     argv = agent_argv(
         "netlink", engine.host, workroot, extra=("--metrics-addr", f"127.0.0.1:{port}")
     )
@@ -114,12 +106,11 @@ def test_every_metric_named_is_exported_by_a_running_agent(engine, workroot, tmp
         kill(owner)
         wait_gone(engine, [cid], [path])
 
-        def scrape() -> str | None:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                text = r.read().decode()
+        def reaped() -> str | None:
+            text = scrape(port)
             return text if 'exitwatch_reaped_total{kind="workdir"} 1.0' in text else None
 
-        exported = _exported(wait_for(scrape, what="the reap in the metrics"))
+        exported = _exported(wait_for(reaped, what="the reap in the metrics"))
     finally:
         agent.stop()
         kill(alive)

@@ -9,13 +9,11 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,7 +26,7 @@ from test_workdirs import attacker as attacker  # the unprivileged user, as a fi
 from exitwatch import cancel_hook, mark_workdir, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_SUFFIX
 
-from agentproc import Agent
+from agentproc import Agent, free_port, scrape
 from procs import kill, spawn_owner, state, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -249,9 +247,7 @@ def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_
     owner's workdir: hooks run on workers of their own."""
     config = tmp_path / "config.toml"
     config.write_text("reap_workers = 1\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     agent = hook_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
     started = tmp_path / "hook-pid"
     hung, other = spawn_owner(), spawn_owner()
@@ -270,9 +266,7 @@ def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_
         assert state(int(started.read_text())) not in (None, "Z")  # still hanging
         # A hook may run for an hour: it is pending, but the pending-too-long alert's gauge
         # does not age with it.
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            metrics = r.read().decode()
-        lines = metrics.splitlines()
+        lines = scrape(port).splitlines()
         assert "exitwatch_removals_pending 1.0" in lines
         assert "exitwatch_oldest_pending_removal_seconds 0.0" in lines
     finally:
@@ -283,9 +277,7 @@ def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_
 def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(hook_agent, spool, tmp_path):
     config = tmp_path / "config.toml"
     config.write_text("reap_attempts = 2\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     agent = hook_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
     count = tmp_path / "count"
     owner = spawn_owner()
@@ -312,8 +304,7 @@ def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(hook_agent
     ).stdout
     assert "[attempt 2, given up]" in text and hook_id in text
     assert "exited with code 3" in agent.text() and "broke" in agent.text()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        metrics = r.read().decode()
+    metrics = scrape(port)
     for line in (
         "exitwatch_hook_runs_total 2.0",
         "exitwatch_hook_failures_total 2.0",

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, agent_argv, container, exists, wait_gone
+from agentproc import Agent, agent_argv, container, exists, free_port, scrape, wait_gone
 from procs import kill, spawn_owner, wait_for
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -200,16 +199,10 @@ def readme_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_every_metric_in_the_readme_table_is_served_as_the_table_says(engine, run_agent, workroot):
     table = readme_metrics()
     assert len(table) >= 10, table  # the table was found and read
-    port = _free_port()
+    port = free_port()
     run_agent("--metrics-addr", f"127.0.0.1:{port}")
     alive, dead = spawn_owner(), spawn_owner()
     container(engine, alive.pid)
@@ -219,13 +212,8 @@ def test_every_metric_in_the_readme_table_is_served_as_the_table_says(engine, ru
     kill(dead)
     wait_gone(engine, [cid], [path])
 
-    def scrape() -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        return {f.name: f for f in text_string_to_metric_families(text)}
-
     def settled() -> dict | None:
-        families = scrape()
+        families = {f.name: f for f in text_string_to_metric_families(scrape(port, 10))}
         reaped = families.get("exitwatch_reaped")
         kinds = {s.labels.get("kind") for s in reaped.samples} if reaped else set()
         return families if {"container", "workdir"} <= kinds else None

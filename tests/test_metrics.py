@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from test_workdirs import SYSTEM_PYTHON, as_user
 from exitwatch import mark_workdir
 from exitwatch.metrics import MAX_CONNECTIONS
 
-from agentproc import Agent, agent_argv, container, wait_gone
+from agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
 from procs import kill, spawn_owner
 
 attacker = test_workdirs.attacker
@@ -52,12 +50,6 @@ CLIENTS = 1100
 ROUNDS = 15
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sockets(pid: int) -> int:
     fds = f"/proc/{pid}/fd"
     count = 0
@@ -82,7 +74,7 @@ def agents():
 def test_slow_clients_of_the_metrics_port_neither_exhaust_fds_nor_stop_reaping(
     engine, workroot, tmp_path, attacker, agents
 ):
-    port = _free_port()
+    port = free_port()
     argv = agent_argv(
         "netlink", engine.host, workroot, extra=("--metrics-addr", f"127.0.0.1:{port}")
     )
@@ -130,8 +122,7 @@ def test_slow_clients_of_the_metrics_port_neither_exhaust_fds_nor_stop_reaping(
     # Each held client is one socket; removals add a few threads and engine connections.
     assert peaks["sockets"] <= MAX_CONNECTIONS + 8, peaks
     assert peaks["threads"] <= 24, peaks
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        assert 'exitwatch_reaped_total{kind="workdir"} 1.0' in r.read().decode()
+    assert 'exitwatch_reaped_total{kind="workdir"} 1.0' in scrape(port, timeout=10)
     assert "Traceback" not in agent.text()
     assert agent.alive()
 
@@ -155,7 +146,7 @@ def test_without_prometheus_client_the_agent_runs_and_metrics_get_one_line(
     agents.append(agent)
     agent.wait_log("ready:")
 
-    port = _free_port()
+    port = free_port()
     done = subprocess.run(
         [*argv, "--status-socket", str(tmp_path / "2.sock"), "--metrics-addr", f"127.0.0.1:{port}"],
         capture_output=True,

@@ -12,14 +12,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, agent_argv, container, exists, wait_gone
+from agentproc import Agent, agent_argv, container, exists, free_port, scrape, wait_gone
 from procs import kill, spawn_owner, wait_for
 
 EXITWATCH = [sys.executable, "-m", "exitwatch"]
@@ -208,26 +207,16 @@ def test_audit_log_records_removals_and_refusals(engine, run_agent, root):
     assert len(json.loads(since.stdout)["reaps"]) == len(entries())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_metrics_after_a_reap(engine, run_agent, root):
-    port = _free_port()
+    port = free_port()
     run_agent("--metrics-addr", f"127.0.0.1:{port}")
     owner = spawn_owner()
     cid = container(engine, owner.pid)
     kill(owner)
     wait_gone(engine, [cid])
 
-    def scrape() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return r.read().decode()
-
     def reaped() -> str | None:
-        text = scrape()
+        text = scrape(port)
         return text if 'exitwatch_reaped_total{kind="container"} 1.0' in text else None
 
     text = wait_for(reaped, what="the reap in the metrics")

@@ -127,6 +127,36 @@ class Agent:
                 self.proc.wait()
 
 
+class Agents:
+    """The agents one test starts against `docker_host` with workdirs under `root`, each
+    logging to a file of its own in `logs`; stop() ends them all (a fixture's teardown)."""
+
+    def __init__(self, docker_host: str, root: Path, logs: Path) -> None:
+        self.docker_host, self.root, self.logs = docker_host, root, logs
+        self.started: list[Agent] = []
+
+    def start(
+        self,
+        *extra: str,
+        source: str = "netlink",
+        root: Path | None = None,
+        argv: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        ready: bool = True,
+    ) -> Agent:
+        """An agent with `extra` arguments (or the whole `argv`), ready unless not `ready`."""
+        argv = argv or agent_argv(source, self.docker_host, root or self.root, extra=extra)
+        agent = Agent(argv, self.logs / f"agent-{len(self.started)}.log", env=env)
+        self.started.append(agent)
+        if ready:
+            agent.wait_log("ready:")
+        return agent
+
+    def stop(self) -> None:
+        for agent in self.started:
+            agent.stop()
+
+
 @contextlib.contextmanager
 def running(engine, root: Path, log: Path, source: str = "netlink") -> Iterator[Agent]:
     """An agent following `source` for workdirs under `root`, ready, stopped afterwards."""

@@ -14,7 +14,7 @@ import pytest
 from exitwatch import mark_workdir, owner_labels
 from exitwatch.contract import LABEL_OWNER
 
-from agentproc import Agent, agent_argv, container, exists, wait_gone
+from agentproc import Agents, container, exists, wait_gone
 from procs import (
     exit_main_thread,
     kill,
@@ -32,18 +32,9 @@ SOURCES = ["ebpf", "netlink", "poll"]
 
 @pytest.fixture
 def start_agent(engine, workroot, tmp_path):
-    started: list[Agent] = []
-
-    def start(source: str = "netlink", *extra: str) -> Agent:
-        argv = agent_argv(source, engine.host, workroot, extra=extra)
-        agent = Agent(argv, tmp_path / f"agent-{len(started)}.log")
-        started.append(agent)
-        agent.wait_log("ready:")
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
+    agents = Agents(engine.host, workroot, tmp_path)
+    yield lambda source="netlink", *extra: agents.start(*extra, source=source)
+    agents.stop()
 
 
 def workdir(root: Path, pid: int | None, name: str = "w") -> Path:

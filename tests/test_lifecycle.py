@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, agent_argv, container, exists, free_port, scrape, wait_gone
+from agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
 from procs import kill, spawn_owner, wait_for
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -30,19 +30,9 @@ EXITWATCH = [sys.executable, "-m", "exitwatch"]
 
 @pytest.fixture
 def run_agent(engine, workroot, tmp_path):
-    started: list[Agent] = []
-
-    def start(*extra: str, root: Path = workroot, env: dict | None = None, ready=True) -> Agent:
-        argv = agent_argv("netlink", engine.host, root, extra=extra)
-        agent = Agent(argv, tmp_path / f"agent-{len(started)}.log", env=env)
-        started.append(agent)
-        if ready:
-            agent.wait_log("ready:")
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
+    agents = Agents(engine.host, workroot, tmp_path)
+    yield agents.start
+    agents.stop()
 
 
 def status_text(agent: Agent) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, agent_argv, container, exists, free_port, scrape, wait_gone
+from agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
 from procs import kill, spawn_owner, wait_for
 
 EXITWATCH = [sys.executable, "-m", "exitwatch"]
@@ -34,19 +34,9 @@ def root():
 
 @pytest.fixture
 def run_agent(engine, root, tmp_path):
-    started: list[Agent] = []
-
-    def start(*extra: str, env: dict[str, str] | None = None, ready: bool = True) -> Agent:
-        argv = agent_argv("netlink", engine.host, root / "work", extra=extra)
-        agent = Agent(argv, tmp_path / f"agent-{len(started)}.log", env=env)
-        started.append(agent)
-        if ready:
-            agent.wait_log("ready:")
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
+    agents = Agents(engine.host, root / "work", tmp_path)
+    yield agents.start
+    agents.stop()
 
 
 def exitwatch(*args: str, **kw) -> subprocess.CompletedProcess[str]:

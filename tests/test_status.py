@@ -22,7 +22,7 @@ from exitwatch import mark_workdir
 from exitwatch.cli import _since
 from exitwatch.status import SEND_TIMEOUT, query, render
 
-from agentproc import Agent, agent_argv, container, wait_gone
+from agentproc import Agents, agent_argv, container, wait_gone
 from procs import kill, spawn_owner, wait_for
 
 EXITWATCH = [sys.executable, "-m", "exitwatch"]
@@ -37,18 +37,9 @@ def root():
 
 @pytest.fixture
 def run_agent(engine, root, tmp_path):
-    started: list[Agent] = []
-
-    def start(*extra: str, argv: list[str] | None = None) -> Agent:
-        argv = argv or agent_argv("netlink", engine.host, root, extra=extra)
-        agent = Agent(argv, tmp_path / f"agent-{len(started)}.log")
-        started.append(agent)
-        agent.wait_log("ready:")
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
+    agents = Agents(engine.host, root, tmp_path)
+    yield agents.start
+    agents.stop()
 
 
 def status(sock: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from exitwatch.resources.processes import FULL_EVERY, _Seen
+from exitwatch.kinds.processes.kind import FULL_EVERY, _Seen
 
 ROUNDS = 20
 

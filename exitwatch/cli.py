@@ -1,4 +1,4 @@
-"""The command line: the agent's side (agent, reap, status); runner_cli.py has the runner's."""
+"""The command line: the agent's side (agent, reap, status); runner/cli.py has the runner's."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from datetime import datetime
 
 import click
 
-from exitwatch import __version__, logs, procfs
-from exitwatch.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
-from exitwatch.runner_cli import labels, mark, on_death_cmd, run
+from exitwatch import __version__, procfs
+from exitwatch.runner.cli import labels, mark, on_death_cmd, run
+from exitwatch.service import logs
+from exitwatch.service.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
 
 log = logging.getLogger("exitwatch")
 
@@ -83,7 +84,7 @@ def _config(config_path: str | None, **flags: object) -> Config:
 
 def _kinds(config: Config) -> list:
     """The resource kinds (containers first), or one line saying why the config is bad."""
-    from exitwatch.service import make_kinds
+    from exitwatch.service.daemon import make_kinds
 
     try:
         return make_kinds(config)
@@ -151,10 +152,10 @@ def agent(config_path: str | None, **flags: object) -> None:
     _require_root("exitwatch agent")
     config = _config(config_path, **flags)
     logs.setup(config.log_format)
-    from exitwatch.metrics import MetricsError
-    from exitwatch.service import Service
+    from exitwatch.service.daemon import Service
+    from exitwatch.service.metrics import MetricsError
+    from exitwatch.service.status import StatusError
     from exitwatch.sources import SourceError
-    from exitwatch.status import StatusError
 
     service = Service(config, started=time.time())
     reload = threading.Event()
@@ -206,7 +207,7 @@ def reap(config_path: str | None, **flags: object) -> None:
     _require_root("exitwatch reap")
     config = _config(config_path, **flags)
     logs.setup(config.log_format)
-    from exitwatch.agent import Agent
+    from exitwatch.agent.loop import Agent
 
     kinds = _kinds(config)
     problem = kinds[0].ping()
@@ -234,8 +235,8 @@ def reap(config_path: str | None, **flags: object) -> None:
 def status(config_path: str | None, as_json: bool, since: str | None, **flags: object) -> None:
     """Show what the agent watches and what it removed; exit 3 if no agent answers."""
     config = _config(config_path, **flags)
-    from exitwatch import audit
-    from exitwatch.status import query, render
+    from exitwatch.agent import audit
+    from exitwatch.service.status import query, render
 
     doc = query(config.status_socket)
     code = 0
@@ -258,10 +259,10 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
 
 def _scan(config: Config) -> dict:
     """What a one-shot scan finds, read-only: live owners, and orphans waiting."""
-    from exitwatch.index import Index
+    from exitwatch.agent.index import Index
+    from exitwatch.kinds.docker.engine import EngineError
+    from exitwatch.kinds.workdirs import tree as workdir_tree
     from exitwatch.owner import death
-    from exitwatch.resources import workdir_tree
-    from exitwatch.resources.engine import EngineError
 
     index = Index()
     kinds = _kinds(config)

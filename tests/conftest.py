@@ -23,9 +23,9 @@ import docker.errors
 import pytest
 
 from exitwatch.contract import ENV_HOOK_DIR
+from exitwatch.kinds.docker.kind import Containers
+from exitwatch.kinds.hooks.file import ensure_spool
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
-from exitwatch.resources.docker import Containers
-from exitwatch.resources.hookfile import ensure_spool
 
 from procs import kill, spawn_owner
 

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from exitwatch.agent import Agent
-from exitwatch.config import Config
-from exitwatch.resources.base import Found, Gone, Outcome, ResourceKind, Snapshot
-from exitwatch.resources.base import Resource as Res
+from exitwatch.agent.loop import Agent
+from exitwatch.kinds.base import Found, Gone, Outcome, ResourceKind, Snapshot
+from exitwatch.kinds.base import Resource as Res
+from exitwatch.service.config import Config
 from exitwatch.sources.base import Lost
 
 from procs import reused_pid_owner, wait_for
@@ -159,7 +159,7 @@ class Listing(Things):
 @pytest.mark.parametrize("failures", [1, 100])
 def test_a_one_shot_reap_judges_again_an_owner_it_could_not_read(monkeypatch, failures):
     """Not skipped silently: judged again, and named if it still cannot be read."""
-    from exitwatch import agent as agent_module
+    from exitwatch.agent import loop as agent_module
 
     real, calls = agent_module.death, []
 

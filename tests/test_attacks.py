@@ -20,8 +20,8 @@ import test_workdirs
 from test_workdirs import as_user, digest, swapping_as
 
 from exitwatch.contract import MARKER, mark_workdir
+from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import Owner, owner_of
-from exitwatch.resources.workdirs import Workdirs
 
 from agentproc import Agent, running
 from procs import kill, spawn_owner, wait_for

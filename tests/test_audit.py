@@ -1,6 +1,6 @@
 import json
 
-from exitwatch import audit
+from exitwatch.agent import audit
 
 
 def test_rotation_keeps_one_old_file_and_reads_oldest_first(tmp_path):

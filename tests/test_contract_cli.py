@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 from exitwatch.contract import LABEL_OWNER, MARKER
+from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import current_boot_id, owner_of
-from exitwatch.resources.workdirs import Workdirs
 
 from agentproc import exists
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import click
 import pytest
 
-from exitwatch import config as config_module
 from exitwatch.cli import cli
-from exitwatch.config import Config
+from exitwatch.service import config as config_module
+from exitwatch.service.config import Config
 
 from conftest import run
 from procs import kill, spawn_owner, wait_for
@@ -326,7 +326,7 @@ def test_purge_leaves_nothing_behind(installed) -> None:
         "/etc/exitwatch",
         "/var/lib/exitwatch",
         "/etc/systemd/system/multi-user.target.wants/exitwatch.service",
-        "/var/lib/systemd/deb-systemd-helper-enabled/exitwatch.service.dsh-also",
+        "/var/lib/systemd/deb-systemd-helper-enabled/exitwatch.service.daemon.dsh-also",
         "/var/lib/systemd/deb-systemd-helper-enabled/multi-user.target.wants/exitwatch.service",
         "/usr/lib/python3/dist-packages/exitwatch",
     ):

@@ -15,10 +15,10 @@ import docker.errors
 import pytest
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
+from exitwatch.kinds.base import Change, Found, Gone, Resource, Snapshot
+from exitwatch.kinds.docker.engine import EngineError, json_array
+from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner
-from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
-from exitwatch.resources.docker import Containers
-from exitwatch.resources.engine import EngineError, json_array
 
 from conftest import PrivateEngine
 from procs import kill, killed_owner, spawn_owner, wait_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from docker.errors import APIError, NotFound
 
-from exitwatch.resources import dockerhttp
+from exitwatch.kinds.docker import unixhttp
 
 from agentproc import container, exists
 
@@ -17,14 +17,14 @@ def _socket(engine) -> str:
 
 def test_removes_a_running_container(engine):
     cid = container(engine, labels={})
-    dockerhttp.remove_container(_socket(engine), engine.client.api.api_version, cid, 15.0)
+    unixhttp.remove_container(_socket(engine), engine.client.api.api_version, cid, 15.0)
     assert not exists(engine, cid)
 
 
 @pytest.mark.parametrize("cid", ["0" * 64, "a b?c"])
 def test_a_missing_container_is_docker_pys_not_found(engine, cid):
     with pytest.raises(NotFound) as caught:
-        dockerhttp.remove_container(_socket(engine), engine.client.api.api_version, cid, 15.0)
+        unixhttp.remove_container(_socket(engine), engine.client.api.api_version, cid, 15.0)
     assert caught.value.status_code == 404
     assert "No such container" in str(caught.value)
 
@@ -32,7 +32,7 @@ def test_a_missing_container_is_docker_pys_not_found(engine, cid):
 def test_an_engine_refusal_is_docker_pys_api_error(engine):
     # An API version the engine does not speak: a 400 with its message.
     with pytest.raises(APIError) as caught:
-        dockerhttp.remove_container(_socket(engine), "0.1", "x", 15.0)
+        unixhttp.remove_container(_socket(engine), "0.1", "x", 15.0)
     assert caught.value.is_client_error() and not isinstance(caught.value, NotFound)
     assert str(caught.value.status_code) in str(caught.value)
 
@@ -40,10 +40,10 @@ def test_an_engine_refusal_is_docker_pys_api_error(engine):
 def test_anything_but_success_is_an_error_even_a_redirect(engine):
     # The engine's router answers a path that is not clean with a redirect: nothing removed.
     with pytest.raises(APIError) as caught:
-        dockerhttp.remove_container(_socket(engine), engine.client.api.api_version, "../x", 15.0)
+        unixhttp.remove_container(_socket(engine), engine.client.api.api_version, "../x", 15.0)
     assert not isinstance(caught.value, NotFound)
 
 
 def test_no_engine_is_an_os_error(tmp_path):
     with pytest.raises(OSError):
-        dockerhttp.remove_container(str(tmp_path / "none.sock"), "1.41", "x", 1.0)
+        unixhttp.remove_container(str(tmp_path / "none.sock"), "1.41", "x", 1.0)

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exitwatch import mark_workdir
-from exitwatch.config import ConfigError, load
 from exitwatch.contract import LABEL_OWNER, MARKER, MARKER_MAX_BYTES
 from exitwatch.owner import Owner, OwnerError, current_boot_id
+from exitwatch.service.config import ConfigError, load
 
 from agentproc import Agent, container, exists, running, wait_gone
 from procs import kill, spawn_owner

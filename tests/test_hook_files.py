@@ -32,12 +32,13 @@ from test_workdirs import attacker as attacker  # the unprivileged user, as a fi
 
 from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
+from exitwatch.kinds.base import Found, Gone
+from exitwatch.kinds.hooks import file as hookfile
+from exitwatch.kinds.hooks import spool as hookspool
+from exitwatch.kinds.hooks.file import Hook, ensure_spool
+from exitwatch.kinds.hooks.kind import Hooks
+from exitwatch.kinds.hooks.spool import MAX_PER_UID
 from exitwatch.owner import Owner
-from exitwatch.resources import hookfile, hookspool
-from exitwatch.resources.base import Found, Gone
-from exitwatch.resources.hookfile import Hook, ensure_spool
-from exitwatch.resources.hooks import Hooks
-from exitwatch.resources.hookspool import MAX_PER_UID
 
 from procs import kill, spawn_owner, state, wait_for
 

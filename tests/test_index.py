@@ -1,6 +1,6 @@
-from exitwatch.index import Index
+from exitwatch.agent.index import Index
+from exitwatch.kinds.base import Resource
 from exitwatch.owner import Owner
-from exitwatch.resources.base import Resource
 
 BOOT = "2a992b04-582f-4283-93d2-115de768301c"
 A = Owner(BOOT, 10, 100)

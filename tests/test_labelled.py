@@ -5,8 +5,8 @@ from __future__ import annotations
 import docker.errors
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
+from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner
-from exitwatch.resources.docker import Containers
 
 from conftest import PrivateEngine
 from procs import killed_owner

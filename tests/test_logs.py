@@ -1,7 +1,7 @@
 import json
 import logging
 
-from exitwatch.logs import JsonFormatter, TextFormatter
+from exitwatch.service.logs import JsonFormatter, TextFormatter
 
 
 def record(msg: str, *args: object, **fields: object) -> logging.LogRecord:

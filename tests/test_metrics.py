@@ -14,7 +14,7 @@ import test_workdirs
 from test_workdirs import SYSTEM_PYTHON, as_user
 
 from exitwatch import mark_workdir
-from exitwatch.metrics import MAX_CONNECTIONS
+from exitwatch.service.metrics import MAX_CONNECTIONS
 
 from agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
 from procs import kill, spawn_owner

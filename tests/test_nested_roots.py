@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exitwatch import mark_workdir
-from exitwatch.resources.workdirs import Workdirs
+from exitwatch.kinds.workdirs.kind import Workdirs
 
 from agentproc import Agent, agent_argv, wait_gone
 from procs import kill, spawn_owner

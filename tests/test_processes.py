@@ -21,17 +21,17 @@ import test_workdirs
 from test_workdirs import as_user
 
 from exitwatch import procfs
-from exitwatch.config import Config
-from exitwatch.owner import Owner, owner_of
-from exitwatch.resources.base import Resource, Snapshot
-from exitwatch.resources.processes import (
+from exitwatch.kinds.base import Resource, Snapshot
+from exitwatch.kinds.processes.kind import (
     KIND,
     PF_KTHREAD,
     RUN_VARIABLE,
     VARIABLE,
     Processes,
 )
-from exitwatch.service import make_kinds
+from exitwatch.owner import Owner, owner_of
+from exitwatch.service.config import Config
+from exitwatch.service.daemon import make_kinds
 
 from agentproc import Agent, running
 from procs import wait_for

@@ -1,5 +1,6 @@
-"""The run's socket (exitwatch.proxy) against the private engine: each client's output through
-it equals the same command's run directly, and whatever it creates carries the run's owner."""
+"""The run's socket (exitwatch.runner.proxy) against the private engine: each client's output
+through it equals the same command's run directly, and whatever it creates carries the run's
+owner."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import tools
 
 from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import owner_of
-from exitwatch.proxy import Proxy, ProxyError, engine_path, label, listen
+from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, label, listen
 
 OWNER = str(owner_of())
 CLIS = [p for p in ("/usr/local/bin/docker", "/usr/bin/docker") if os.access(p, os.X_OK)]

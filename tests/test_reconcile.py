@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from exitwatch.agent import Agent
-from exitwatch.config import Config, ConfigError, load
+from exitwatch.agent.loop import Agent
+from exitwatch.kinds.base import Found, Gone, Outcome, ResourceKind, Snapshot
+from exitwatch.kinds.base import Resource as Res
 from exitwatch.owner import owner_of
-from exitwatch.resources.base import Found, Gone, Outcome, ResourceKind, Snapshot
-from exitwatch.resources.base import Resource as Res
+from exitwatch.service.config import Config, ConfigError, load
 
 from procs import reused_pid_owner, wait_for
 

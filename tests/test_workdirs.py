@@ -25,10 +25,12 @@ from typing import Any
 import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
+from exitwatch.kinds import fsops, inotify
+from exitwatch.kinds.base import Change, Found, Gone, Resource, Snapshot
+from exitwatch.kinds.workdirs import tree as workdir_tree
+from exitwatch.kinds.workdirs import watch as workdir_watch
+from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import Owner, current_boot_id, owner_of
-from exitwatch.resources import fsops, inotify, workdir_tree, workdir_watch
-from exitwatch.resources.base import Change, Found, Gone, Resource, Snapshot
-from exitwatch.resources.workdirs import Workdirs
 
 from procs import reused_pid_owner, wait_for
 
@@ -275,7 +277,7 @@ def test_scan_warns_once_per_malformed_marker_and_skips_it(
 
     # A blocking open of the FIFO would hang here: scan on a thread, with a deadline.
     result: list[Snapshot] = []
-    with caplog.at_level(logging.WARNING, logger="exitwatch.resources.workdir_tree"):
+    with caplog.at_level(logging.WARNING, logger="exitwatch.kinds.workdirs.tree"):
         t = threading.Thread(
             target=lambda: result.append(Workdirs([str(root)]).scan()), daemon=True
         )

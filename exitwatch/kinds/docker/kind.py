@@ -14,10 +14,9 @@ import docker
 import docker.utils
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
-from exitwatch.owner import Owner, OwnerError, death
-from exitwatch.resources import compose, networks
-from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
-from exitwatch.resources.engine import (
+from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.kinds.docker import compose, networks
+from exitwatch.kinds.docker.engine import (
     DEFAULT_HOST,
     ENGINE_ERRORS,
     Engine,
@@ -26,6 +25,7 @@ from exitwatch.resources.engine import (
     engine_error,
     name_of,
 )
+from exitwatch.owner import Owner, OwnerError, death
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Which members of a dead owner's compose project provably belong to the owner's instance
 of it. A project *name* is no identity: compose defaults it to the directory's basename, so
-an eval's `app` and a long-lived production `app` share one. docker.py asks; this module
+an eval's `app` and a long-lived production `app` share one. kind.py asks; this module
 only judges, from labels and creation times.
 
 The rule (README, "Compose projects"):

@@ -1,7 +1,7 @@
 """Workdirs: directories under configured roots that hold an owner marker.
 
-Discovery walks the roots (workdir_tree.py) and then follows them with inotify
-(workdir_watch.py). Removal runs as root in directories that users control, so it acts
+Discovery walks the roots (tree.py) and then follows them with inotify
+(watch.py). Removal runs as root in directories that users control, so it acts
 only through directory file descriptors that were opened without following symlinks or
 crossing mounts, and checks again before acting.
 """
@@ -17,13 +17,14 @@ import os
 from collections.abc import Sequence
 
 from exitwatch.contract import MARKER
+from exitwatch.kinds import fsops
+from exitwatch.kinds.base import Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.kinds.discovery import Discovery
+from exitwatch.kinds.fsops import printable
+from exitwatch.kinds.workdirs import marker
+from exitwatch.kinds.workdirs.tree import KIND, Tree, split
+from exitwatch.kinds.workdirs.watch import follow
 from exitwatch.owner import Owner, death
-from exitwatch.resources import fsops, marker
-from exitwatch.resources.base import Notify, Outcome, Resource, ResourceKind, Snapshot
-from exitwatch.resources.discovery import Discovery
-from exitwatch.resources.fsops import printable
-from exitwatch.resources.workdir_tree import KIND, Tree, split
-from exitwatch.resources.workdir_watch import follow
 
 log = logging.getLogger(__name__)
 

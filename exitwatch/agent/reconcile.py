@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from exitwatch.record import Recorder
-from exitwatch.resources.base import Resource, ResourceKind, Snapshot
+from exitwatch.agent.record import Recorder
+from exitwatch.kinds.base import Resource, ResourceKind, Snapshot
 
 log = logging.getLogger(__name__)
 

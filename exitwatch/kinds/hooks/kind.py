@@ -24,11 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from exitwatch.contract import HOOK_MAX_TIMEOUT
-from exitwatch.owner import Owner, death
-from exitwatch.resources import discovery, hookrun, inotify
-from exitwatch.resources.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
-from exitwatch.resources.fsops import printable
-from exitwatch.resources.hookfile import (
+from exitwatch.kinds import discovery, inotify
+from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.kinds.fsops import printable
+from exitwatch.kinds.hooks import spawn
+from exitwatch.kinds.hooks.file import (
     KIND,
     SPOOL_OPEN,
     Hook,
@@ -38,7 +38,8 @@ from exitwatch.resources.hookfile import (
     ensure_spool,
     read_hook,
 )
-from exitwatch.resources.hookspool import Spool
+from exitwatch.kinds.hooks.spool import Spool
+from exitwatch.owner import Owner, death
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class Hooks(ResourceKind):
             if dry_run:
                 return Outcome(what, KIND, True, "would run")
             user = pwd.getpwuid(hook.uid)
-            env = hookrun.environment(user, body["env"])
+            env = spawn.environment(user, body["env"])
             env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
             # `exitwatch reap` beside the agent (or the agent before a reload): whoever
             # locks the file runs it; the other waits for it, on a hook worker, and then
@@ -243,7 +244,7 @@ class Hooks(ResourceKind):
             if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
                 return _refuse(what, "it changed while being read")
             with self._slot(hook.uid):
-                ran = hookrun.run_as(user, body["argv"], env, body["cwd"], body["timeout"])
+                ran = spawn.run_as(user, body["argv"], env, body["cwd"], body["timeout"])
             return self._ran(dir_fd, what, res.key, hook, body["argv"][0], ran)
         except (KeyError, OSError) as err:
             why = err.strerror if isinstance(err, OSError) else "its user vanished"
@@ -258,7 +259,7 @@ class Hooks(ResourceKind):
             return self._slots.setdefault(uid, threading.BoundedSemaphore(PER_UID))
 
     def _ran(
-        self, dir_fd: int, what: str, name: str, hook: Hook, argv0: str, ran: hookrun.Ran
+        self, dir_fd: int, what: str, name: str, hook: Hook, argv0: str, ran: spawn.Ran
     ) -> Outcome:
         extra = {
             "hook": {

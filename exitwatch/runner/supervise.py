@@ -1,7 +1,7 @@
 """`exitwatch run`: run a command as one owner, and remove what it leaves when it ends.
 
 The wrapper is the owner. CMD is its child, killed with it (parent-death signal); its Docker
-client is pointed at the run's socket (exitwatch.proxy), which labels what it creates, and its
+client is pointed at the run's socket (proxy.py), which labels what it creates, and its
 TMPDIR at a marked directory. When CMD ends, whatever the cause, the wrapper ends CMD's
 leftover descendants (it is their subreaper), removes the run's containers, networks, volumes
 and directories with the agent's own removal code, and exits with CMD's status. Were the
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, mark_workdir
+from exitwatch.kinds.base import Outcome, Resource
 from exitwatch.owner import Owner, OwnerError, owner_of
-from exitwatch.proxy import Proxy, ProxyError, engine_path, listen
-from exitwatch.resources.base import Outcome, Resource
+from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, listen
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -250,9 +250,9 @@ def _cleanup(owner: Owner, engine: str, made: list[str]) -> None:
     """Remove what the run holds: its containers (compose projects whole), networks and
     volumes, then its directories. Says what could not go; the agent retries that once the
     wrapper is gone."""
-    from exitwatch.resources.docker import Containers
-    from exitwatch.resources.engine import EngineError
-    from exitwatch.resources.workdirs import KIND, Workdirs
+    from exitwatch.kinds.docker.engine import EngineError
+    from exitwatch.kinds.docker.kind import Containers
+    from exitwatch.kinds.workdirs.kind import KIND, Workdirs
 
     outcomes: list[Outcome] = []
     docker = Containers(host=f"unix://{engine}")

@@ -10,13 +10,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
-from exitwatch.config import Config
-from exitwatch.index import Index
+from exitwatch.agent.index import Index
+from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
+from exitwatch.agent.record import Recorder
+from exitwatch.agent.removals import Done, Removals
+from exitwatch.kinds.base import Found, Gone, ResourceKind, Snapshot
 from exitwatch.owner import Owner, death, describe_status
-from exitwatch.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
-from exitwatch.record import Recorder
-from exitwatch.removals import Done, Removals
-from exitwatch.resources.base import Found, Gone, ResourceKind, Snapshot
+from exitwatch.service.config import Config
 from exitwatch.sources.base import Exit, Lost, Source
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from exitwatch.config import parse_addr
+from exitwatch.service.config import parse_addr
 
 log = logging.getLogger(__name__)
 

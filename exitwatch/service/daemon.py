@@ -10,18 +10,18 @@ import time
 from dataclasses import asdict
 
 from exitwatch import __version__
-from exitwatch.agent import Agent
-from exitwatch.audit import AuditLog
-from exitwatch.config import Config, ConfigError
-from exitwatch.record import Recorder
-from exitwatch.resources.base import ResourceKind
-from exitwatch.resources.docker import Containers
-from exitwatch.resources.hooks import Hooks
-from exitwatch.resources.processes import Processes
-from exitwatch.resources.workdirs import Workdirs
+from exitwatch.agent.audit import AuditLog
+from exitwatch.agent.loop import Agent
+from exitwatch.agent.record import Recorder
+from exitwatch.kinds.base import ResourceKind
+from exitwatch.kinds.docker.kind import Containers
+from exitwatch.kinds.hooks.kind import Hooks
+from exitwatch.kinds.processes.kind import Processes
+from exitwatch.kinds.workdirs.kind import Workdirs
+from exitwatch.service.config import Config, ConfigError
+from exitwatch.service.status import SCHEMA, StatusServer
+from exitwatch.service.systemd import Notifier
 from exitwatch.sources import pick
-from exitwatch.status import SCHEMA, StatusServer
-from exitwatch.systemd import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class Service:
         closers = []
         try:
             if config.metrics_addr:
-                from exitwatch.metrics import Metrics
+                from exitwatch.service.metrics import Metrics
 
                 metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, kinds[0]))
                 recorder.observe = metrics.observe

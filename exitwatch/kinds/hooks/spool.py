@@ -9,8 +9,8 @@ import logging
 import os
 
 from exitwatch.contract import HOOK_SUFFIX
-from exitwatch.resources.fsops import printable
-from exitwatch.resources.hookfile import SPOOL_OPEN, Hook, HookError, read_hook
+from exitwatch.kinds.fsops import printable
+from exitwatch.kinds.hooks.file import SPOOL_OPEN, Hook, HookError, read_hook
 
 log = logging.getLogger(__name__)
 

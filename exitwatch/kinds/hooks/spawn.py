@@ -2,7 +2,7 @@
 group of its own that is killed as a whole when the hook ends or times out, the tail of
 its output, and an OOM score of its own.
 
-Nothing here knows what a hook file is; hooks.py decides what runs and as whom.
+Nothing here knows what a hook file is; kind.py decides what runs and as whom.
 """
 
 from __future__ import annotations

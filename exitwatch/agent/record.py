@@ -10,9 +10,9 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from exitwatch.audit import AuditLog
+from exitwatch.agent.audit import AuditLog
+from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner
-from exitwatch.resources.base import Outcome
 
 log = logging.getLogger("exitwatch.reap")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from exitwatch.kinds.base import Resource
 from exitwatch.owner import Owner
-from exitwatch.resources.base import Resource
 
 Key = tuple[str, str]  # (kind, key)
 

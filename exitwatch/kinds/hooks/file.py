@@ -14,10 +14,10 @@ import stat
 from dataclasses import dataclass
 
 from exitwatch.contract import HOOK_MAX_BYTES, HOOK_SUFFIX, hook_problem, spool_problem
+from exitwatch.kinds import fsops
+from exitwatch.kinds.base import Resource
+from exitwatch.kinds.fsops import printable
 from exitwatch.owner import Owner, OwnerError
-from exitwatch.resources import fsops
-from exitwatch.resources.base import Resource
-from exitwatch.resources.fsops import printable
 
 KIND = "hook"
 SPOOL_MODE = 0o1733

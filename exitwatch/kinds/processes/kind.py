@@ -63,8 +63,7 @@ import psutil
 
 from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER
-from exitwatch.owner import Owner, OwnerError, current_boot_id, death
-from exitwatch.resources.base import (
+from exitwatch.kinds.base import (
     Found,
     Gone,
     Notify,
@@ -73,6 +72,7 @@ from exitwatch.resources.base import (
     ResourceKind,
     Snapshot,
 )
+from exitwatch.owner import Owner, OwnerError, current_boot_id, death
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Following the workdir roots: a Snapshot of the workdirs, then each change as it happens,
 with inotify, or with rescans when inotify cannot be used.
 
-What makes a directory a workdir is the Tree's business (workdir_tree.py gives one); this module
+What makes a directory a workdir is the Tree's business (tree.py gives one); this module
 knows only which directories to watch and which events make one worth looking at again.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from exitwatch.contract import MARKER
-from exitwatch.resources import fsops, inotify
-from exitwatch.resources.base import Found, Gone, Notify, Resource, Snapshot
-from exitwatch.resources.discovery import wait
+from exitwatch.kinds import fsops, inotify
+from exitwatch.kinds.base import Found, Gone, Notify, Resource, Snapshot
+from exitwatch.kinds.discovery import wait
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 never follow a symlink or cross a mount: opening, walking, reading a small regular file,
 emptying a directory.
 
-Nothing here knows what a workdir or a marker is; workdir_tree.py and workdirs.py give
+Nothing here knows what a workdir or a marker is; workdirs/tree.py and workdirs/kind.py give
 the calls meaning.
 """
 

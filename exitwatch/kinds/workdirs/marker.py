@@ -7,8 +7,8 @@ import json
 import os
 
 from exitwatch.contract import MARKER, MARKER_MAX_BYTES
+from exitwatch.kinds import fsops
 from exitwatch.owner import Owner, OwnerError
-from exitwatch.resources import fsops
 
 
 class MarkerError(ValueError):

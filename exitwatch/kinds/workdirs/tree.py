@@ -1,5 +1,5 @@
 """What makes a directory a workdir: the walk of the roots that finds the markers, and
-what each marker was found to be, remembered while its stat stays (a workdir_watch.Tree).
+what each marker was found to be, remembered while its stat stays (a watch.Tree).
 
 Discovery runs as root in directories that users control: a marker is read only through a
 descriptor pinned without following a symlink or crossing a mount, and it hides what lies
@@ -17,10 +17,11 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from exitwatch.contract import MARKER
-from exitwatch.resources import fsops, marker
-from exitwatch.resources.base import Resource
-from exitwatch.resources.fsops import printable
-from exitwatch.resources.workdir_watch import Watch
+from exitwatch.kinds import fsops
+from exitwatch.kinds.base import Resource
+from exitwatch.kinds.fsops import printable
+from exitwatch.kinds.workdirs import marker
+from exitwatch.kinds.workdirs.watch import Watch
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def _where(path: str) -> str:
 
 
 class Tree:
-    """The workdirs below the roots, found by walking them (a workdir_watch.Tree).
+    """The workdirs below the roots, found by walking them (a watch.Tree).
 
     Markers are remembered between walks, so an unchanged one is neither read nor warned
     about again, unless it was read less than RACY_NS after it changed (those are in
@@ -252,7 +253,7 @@ class Tree:
 
     def _unsure(self, path: str, err: OSError) -> _Seen:
         """The marker at `path` cannot be read now: what was known of it stands, and it is
-        looked at again soon (see workdir_watch)."""
+        looked at again soon (see watch.py)."""
         if path not in self.unsure:
             log.warning(
                 "marker %s is unreadable: %s; looked at again later",

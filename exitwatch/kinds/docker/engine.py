@@ -16,7 +16,7 @@ from requests import RequestException
 from urllib3.exceptions import HTTPError
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.resources import dockerhttp
+from exitwatch.kinds.docker import unixhttp
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 # Read size for the container listing: some twenty containers' worth at a time, so its
@@ -84,7 +84,7 @@ class Engine:
         self._api: docker.APIClient | None = None
         self._lock = threading.Lock()
         base = client_args.get("base_url") or DEFAULT_HOST
-        # Removals go straight to a local engine's socket (dockerhttp.py says why).
+        # Removals go straight to a local engine's socket (unixhttp.py says why).
         self._socket = (
             "/" + base[len("unix://") :].lstrip("/") if base.startswith("unix://") else None
         )
@@ -130,7 +130,7 @@ class Engine:
         if self._socket is None:
             api.remove_container(cid, force=True, v=True)
         else:
-            dockerhttp.remove_container(self._socket, api.api_version, cid, self._timeout)
+            unixhttp.remove_container(self._socket, api.api_version, cid, self._timeout)
 
     def networks(self, label: str) -> list[dict[str, Any]]:
         return self._client().networks(filters={"label": label})

@@ -163,8 +163,8 @@ def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
     CMD's Docker clients are pointed at a socket of the run's that labels what they create;
     its TMPDIR is a fresh marked directory. Exits with CMD's status (128+N for signal N).
     """
-    from exitwatch.supervise import SETUP_FAILED, RunError, Settings
-    from exitwatch.supervise import run as supervise
+    from exitwatch.runner.supervise import SETUP_FAILED, RunError, Settings
+    from exitwatch.runner.supervise import run as supervise
 
     try:
         code = supervise(argv, Settings(grace=grace, tmpdir=not no_tmpdir))

@@ -7,10 +7,10 @@ import functools
 from collections.abc import Callable
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
+from exitwatch.kinds.base import Outcome
+from exitwatch.kinds.docker import compose
+from exitwatch.kinds.docker.engine import ENGINE_ERRORS, Engine, attempt, engine_error, name_of
 from exitwatch.owner import Owner
-from exitwatch.resources import compose
-from exitwatch.resources.base import Outcome
-from exitwatch.resources.engine import ENGINE_ERRORS, Engine, attempt, engine_error, name_of
 
 
 def of_project(engine: Engine, project: str, since: float | None, dry_run: bool) -> list[Outcome]:

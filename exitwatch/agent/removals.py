@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from exitwatch.config import Config
+from exitwatch.agent.record import Recorder
+from exitwatch.kinds.base import Outcome, Resource, ResourceKind
 from exitwatch.owner import Owner
-from exitwatch.record import Recorder
-from exitwatch.resources.base import Outcome, Resource, ResourceKind
+from exitwatch.service.config import Config
 
 log = logging.getLogger(__name__)
 

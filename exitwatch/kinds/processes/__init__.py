@@ -1,0 +1,1 @@
+"""The processes an `exitwatch run` left running when its wrapper died."""

@@ -1,0 +1,5 @@
+"""Workdirs: directories under the configured roots that hold an owner marker.
+
+kind.py is the kind and its removal; tree.py walks the roots and judges each marker
+(marker.py reads and parses one); watch.py follows the roots with inotify, or rescans.
+"""

@@ -14,9 +14,9 @@ from exitwatch.agent.index import Index
 from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.agent.record import Recorder
 from exitwatch.agent.removals import Done, Removals
+from exitwatch.agent.settings import Settings
 from exitwatch.kinds.base import Found, Gone, ResourceKind, Snapshot
 from exitwatch.owner import Owner, death, describe_status
-from exitwatch.service.config import Config
 from exitwatch.sources.base import Exit, Lost, Source
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,14 @@ class Agent:
 
     def __init__(
         self,
-        config: Config,
+        settings: Settings,
         kinds: Sequence[ResourceKind],
         source: Source | None = None,
         recorder: Recorder | None = None,
         watchdog: Callable[[], None] | None = None,
         watchdog_interval: float | None = None,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self.kinds = {k.kind: k for k in kinds}
         self.source = source
         self.recorder = recorder or Recorder()
@@ -67,7 +67,7 @@ class Agent:
         self._watchdog = watchdog
         self._watchdog_interval = watchdog_interval
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._removals = Removals(config, self.recorder, self._queue.put)
+        self._removals = Removals(settings, self.recorder, self._queue.put)
         self._awaiting_snapshot = set(self.kinds)
         self._lost_logged = float("-inf")
         self._lost_unlogged = 0
@@ -77,7 +77,7 @@ class Agent:
         self._rechecks: dict[Owner, tuple[float, int | None]] = {}
         self._recheck_tries: dict[Owner, int] = {}  # bounds `exitwatch reap`'s wait
         self._recheck_at: float | None = None
-        self._periodic = Periodic(config.reconcile_interval, kinds)
+        self._periodic = Periodic(settings.reconcile_interval, kinds)
         self._stopped = False
 
     # -- inputs ---------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class Agent:
         # times: a one-shot reap must neither skip it silently nor wait for ever.
         while self._removals.busy() or self._rechecks:
             if not self._removals.busy() and all(
-                self._recheck_tries.get(o, 0) >= self.config.reap_attempts for o in self._rechecks
+                self._recheck_tries.get(o, 0) >= self.settings.reap_attempts for o in self._rechecks
             ):
                 break
             self._step()

@@ -17,9 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from exitwatch.agent.record import Recorder
+from exitwatch.agent.settings import Settings
 from exitwatch.kinds.base import Outcome, Resource, ResourceKind
 from exitwatch.owner import Owner
-from exitwatch.service.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,11 @@ class Done:
 class Removals:
     """Every removal job, from its start to its end or its last attempt."""
 
-    def __init__(self, config: Config, recorder: Recorder, post: Callable[[Done], None]) -> None:
-        self._config, self._recorder, self._post = config, recorder, post
-        self._pool = ThreadPoolExecutor(config.reap_workers, thread_name_prefix="exitwatch-reap")
+    def __init__(
+        self, settings: Settings, recorder: Recorder, post: Callable[[Done], None]
+    ) -> None:
+        self._settings, self._recorder, self._post = settings, recorder, post
+        self._pool = ThreadPoolExecutor(settings.reap_workers, thread_name_prefix="exitwatch-reap")
         self._running: dict[int, tuple[Future, Job]] = {}
         self._retries: list[tuple[float, int, Job]] = []
         self._tiebreak = itertools.count()
@@ -163,7 +165,7 @@ class Removals:
 
     def _retry(self, job: Job) -> bool:
         """Schedule the job's next attempt; False once it has had them all."""
-        if job.attempt < self._config.reap_attempts:
+        if job.attempt < self._settings.reap_attempts:
             due = time.monotonic() + 0.5 * 4 ** (job.attempt - 1)
             retry = replace(job, attempt=job.attempt + 1)
             heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
@@ -180,7 +182,7 @@ class Removals:
         return False
 
     def _reap(self, token: int, job: Job) -> None:
-        dry_run = self._config.dry_run
+        dry_run = self._settings.dry_run
         try:
             outcomes = job.kind.reap(job.owner, list(job.resources), dry_run, job.death)
         except Exception as err:  # a kind must not raise; if it does, report and retry

@@ -41,7 +41,10 @@ class Things(ResourceKind):
     def remove(self, owner, resources, dry_run) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
         self.release.wait(10)
-        return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
+        return [
+            Outcome(what=f"thing {r.key}", kind=self.kind, ok=not self.fail, detail="nope")
+            for r in resources
+        ]
 
 
 @pytest.fixture
@@ -134,7 +137,7 @@ class Keyed(Things):
     def remove(self, owner, resources, dry_run) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
         return [
-            Outcome(f"thing {r.key}", self.kind, r.key not in self.failing, key=r.key)
+            Outcome(what=f"thing {r.key}", kind=self.kind, ok=r.key not in self.failing, key=r.key)
             for r in resources
         ]
 

@@ -56,7 +56,10 @@ class Listed(ResourceKind):
     def remove(self, owner, resources, dry_run) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
         self.removal.wait(10)
-        return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
+        return [
+            Outcome(what=f"thing {r.key}", kind=self.kind, ok=not self.fail, detail="nope")
+            for r in resources
+        ]
 
 
 def thing(key: str, owner=DEAD) -> Res:

@@ -188,7 +188,7 @@ class Removals:
         except Exception as err:  # a kind must not raise; if it does, report and retry
             log.exception("removing %s of %s failed", job.kind.kind, job.owner)
             what = f"{job.kind.kind}s of {job.owner}"
-            outcomes = [Outcome(what, job.kind.kind, False, str(err))]
+            outcomes = [Outcome.failed(what, job.kind.kind, str(err))]
         latency = time.monotonic() - job.at
         for outcome in outcomes:
             self._recorder.outcome(job.owner, job.death, outcome, latency, dry_run)

@@ -6,6 +6,7 @@ import abc
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
 from exitwatch.owner import Owner
 
@@ -43,9 +44,10 @@ Change = Found | Gone | Snapshot
 Notify = Callable[[Change], None]
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """The result of removing one resource (or one compose project)."""
+    """The result of removing one resource (or one compose project). Built by keyword, or
+    by one of the three constructors below, never from bare positional booleans."""
 
     what: str  # e.g. "container 3f2a… (web-1)", "workdir /tmp/x", "network p_default"
     kind: str
@@ -55,6 +57,22 @@ class Outcome:
     extra: dict = field(default_factory=dict)  # written to the audit log
     counts: tuple[str, ...] = ()  # further counters it moves, e.g. "hook_runs"
     key: str = ""  # the Resource.key it is about, where it is about exactly one
+
+    @classmethod
+    def done(cls, what: str, kind: str, detail: str = "removed", **more: Any) -> Outcome:
+        """It is gone: removed, found gone already, or (in a dry run) would be removed."""
+        return cls(what=what, kind=kind, ok=True, detail=detail, **more)
+
+    @classmethod
+    def failed(cls, what: str, kind: str, detail: str, **more: Any) -> Outcome:
+        """It could not be removed now; the removal is tried again."""
+        return cls(what=what, kind=kind, ok=False, detail=detail, **more)
+
+    @classmethod
+    def refusal(cls, what: str, kind: str, why: str, **more: Any) -> Outcome:
+        """A safety check leaves it alone on purpose; it is not tried again until it is
+        seen again (a reconcile, a change)."""
+        return cls(what=what, kind=kind, ok=False, detail=why, refused=True, **more)
 
 
 class ResourceKind(abc.ABC):

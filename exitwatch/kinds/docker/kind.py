@@ -38,15 +38,14 @@ STOP_DEADLINE = 1.0  # the events thread's share of the agent's 2 s; it is a dae
 SINCE_MARGIN_NS = 100_000_000
 
 
-def _container(
-    cid: str, name: str, project: str | None, ok: bool, detail: str, refused: bool = False
-) -> Outcome:
+def _container(cid: str, name: str, project: str | None) -> dict[str, Any]:
+    """What an Outcome says of one container: the words for people, and the audit's ids."""
     extra = {"id": cid, "project": project}
-    return Outcome(f"container {cid[:12]} ({name})", "container", ok, detail, refused, extra)
+    return {"what": f"container {cid[:12]} ({name})", "kind": "container", "extra": extra}
 
 
 def _refused(r: Resource, why: str) -> Outcome:
-    return _container(r.key, r.name, r.group, False, why, refused=True)
+    return Outcome.refusal(why=why, **_container(r.key, r.name, r.group))
 
 
 def _owner(cid: str, name: str, labels: dict[str, str], then: str) -> Owner | None:
@@ -260,10 +259,11 @@ class Containers(ResourceKind):
         def one(item: tuple[str, tuple[str, str | None]]) -> Outcome:
             cid, (name, project) = item
             if dry_run:
-                return _container(cid, name, project, True, "dry run: would remove")
-            return _container(
-                cid, name, project, *attempt(functools.partial(self._engine.remove_container, cid))
-            )
+                return Outcome.done(
+                    detail="dry run: would remove", **_container(cid, name, project)
+                )
+            ok, detail = attempt(functools.partial(self._engine.remove_container, cid))
+            return Outcome(ok=ok, detail=detail, **_container(cid, name, project))
 
         if doomed:
             with ThreadPoolExecutor(self._workers, thread_name_prefix="exitwatch-rm") as pool:
@@ -285,7 +285,10 @@ class Containers(ResourceKind):
             listed = self._engine.containers(f"{LABEL_COMPOSE_PROJECT}={project}")
         except ENGINE_ERRORS as err:
             why = f"listing compose project {project}: {engine_error(err)}"
-            return {}, False, [_container(r.key, r.name, project, False, why) for r in given]
+            failed = [
+                Outcome.failed(detail=why, **_container(r.key, r.name, project)) for r in given
+            ]
+            return {}, False, failed
         why_dead = functools.cache(death)
         holders: list[str] = []  # why the project cannot go as a whole
         dead_held = False
@@ -305,7 +308,7 @@ class Containers(ResourceKind):
             if not kept(labels):
                 (own if o == owner else rest)[cid] = name
         said = [
-            _container(r.key, r.name, project, True, "already gone")
+            Outcome.done(detail="already gone", **_container(r.key, r.name, project))
             for r in given
             if r.key not in own
         ]
@@ -314,7 +317,7 @@ class Containers(ResourceKind):
             return {}, True, said
         if holders:
             why = "not removed as a whole: " + "; ".join(holders)
-            said.append(Outcome(f"compose project {project}", "project", False, why, True))
+            said.append(Outcome.refusal(f"compose project {project}", "project", why))
         # A project goes as a whole when a dead owner holds some of it and no live one any.
         if holders or not dead_held:
             return own, False, said
@@ -322,7 +325,7 @@ class Containers(ResourceKind):
         if refused:
             names = ", ".join(o.what for o in refused)
             why = f"not removed as a whole, networks included: {names} stay"
-            refused.append(Outcome(f"compose project {project}", "project", False, why, True))
+            refused.append(Outcome.refusal(f"compose project {project}", "project", why))
         return own | joined, not refused, said + refused
 
     def _unlabelled(
@@ -349,7 +352,7 @@ class Containers(ResourceKind):
                 joined[cid] = rest[cid]
             else:
                 what = f"not removed with compose project {project}: {why}"
-                refused.append(_container(cid, rest[cid], project, False, what, refused=True))
+                refused.append(Outcome.refusal(why=what, **_container(cid, rest[cid], project)))
         return joined, refused
 
     # -- what an ended run holds: networks and volumes are labelled as containers are ------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
 from exitwatch.kinds.base import Outcome
@@ -23,25 +24,28 @@ def of_project(engine: Engine, project: str, since: float | None, dry_run: bool)
         listed = [] if dry_run else engine.containers(label)
     except ENGINE_ERRORS as err:
         why = f"listing compose project {project}: {engine_error(err)}"
-        return [Outcome(f"networks of compose project {project}", "network", False, why)]
+        return [Outcome.failed(f"networks of compose project {project}", "network", why)]
     left = ", ".join(name_of(c) for c in listed)
     outcomes = []
     for net in nets:
         if kept(net.get("Labels") or {}):
             continue
-        extra = {"id": net["Id"], "project": project}
-        said = functools.partial(Outcome, f"network {net.get('Name', '')}", "network", extra=extra)
+        about = {
+            "what": f"network {net.get('Name', '')}",
+            "kind": "network",
+            "extra": {"id": net["Id"], "project": project},
+        }
         why = compose.why_older(net.get("Created"), since)
         if why is not None:
-            outcomes.append(said(False, f"not removed with compose project {project}: {why}", True))
+            why = f"not removed with compose project {project}: {why}"
+            outcomes.append(Outcome.refusal(why=why, **about))
         elif dry_run:
-            outcomes.append(said(True, "dry run: would remove"))
+            outcomes.append(Outcome.done(detail="dry run: would remove", **about))
         elif left:
-            outcomes.append(said(False, f"containers remain in the project: {left}", True))
+            why = f"containers remain in the project: {left}"
+            outcomes.append(Outcome.refusal(why=why, **about))
         else:
-            outcomes.append(
-                said(*_remove_unused(engine, "network", net["Id"], engine.remove_network))
-            )
+            outcomes.append(_remove_unused(engine, net["Id"], engine.remove_network, about))
     return outcomes
 
 
@@ -60,7 +64,7 @@ def labelled(
         left = [] if dry_run or not (nets or vols) else engine.containers(label)
     except ENGINE_ERRORS as err:
         why = f"listing what owner {owner} labelled: {engine_error(err)}"
-        return [Outcome(f"networks and volumes of {owner}", "network", False, why)]
+        return [Outcome.failed(f"networks and volumes of {owner}", "network", why)]
     outcomes = []
     for kind, items, key, call in (
         ("network", nets, "Id", engine.remove_network),
@@ -70,33 +74,43 @@ def labelled(
             labels = item.get("Labels") or {}
             if kept(labels):
                 continue
-            said = functools.partial(
-                Outcome, f"{kind} {item.get('Name', '')}", kind, extra={"id": item[key]}
-            )
+            about = {
+                "what": f"{kind} {item.get('Name', '')}",
+                "kind": kind,
+                "extra": {"id": item[key]},
+            }
             project = labels.get(LABEL_COMPOSE_PROJECT)
             if project in held:
                 why = f"compose project {project} was not removed as a whole"
-                outcomes.append(said(False, why, True))
+                outcomes.append(Outcome.refusal(why=why, **about))
             elif dry_run:
-                outcomes.append(said(True, "dry run: would remove"))
+                outcomes.append(Outcome.done(detail="dry run: would remove", **about))
             elif left:
-                names = ", ".join(name_of(c) for c in left)
-                outcomes.append(said(False, f"containers of the owner remain: {names}", True))
+                why = f"containers of the owner remain: {', '.join(name_of(c) for c in left)}"
+                outcomes.append(Outcome.refusal(why=why, **about))
             else:
-                outcomes.append(said(*_remove_unused(engine, kind, item[key], call)))
+                outcomes.append(_remove_unused(engine, item[key], call, about))
     return outcomes
 
 
-def _remove_unused(engine: Engine, kind: str, ident: str, call: Callable[[str], None]) -> tuple:
-    """Remove a network or volume unless a container, of any owner or none, uses it:
-    removing it would cut a stopped container off, and a running one makes the engine
-    refuse. Such a one is left (a refusal), for whoever owns that container."""
+def _remove_unused(
+    engine: Engine, ident: str, call: Callable[[str], None], about: dict[str, Any]
+) -> Outcome:
+    """Remove a network or volume (`about` says which, for its Outcome) unless a container,
+    of any owner or none, uses it: removing it would cut a stopped container off, and a
+    running one makes the engine refuse. Such a one is left (a refusal), for whoever owns
+    that container."""
+    kind = about["kind"]
     try:
         users = engine.users(kind, ident)
     except ENGINE_ERRORS as err:
-        return False, f"listing the containers that use it: {engine_error(err)}"
+        why = f"listing the containers that use it: {engine_error(err)}"
+        return Outcome.failed(detail=why, **about)
     if users:
-        return False, f"in use by containers: {', '.join(name_of(c) for c in users)}", True
+        why = f"in use by containers: {', '.join(name_of(c) for c in users)}"
+        return Outcome.refusal(why=why, **about)
     # 403 "active endpoints" is a known race: the engine lets go of a network a moment
     # after the containers that used it are gone.
-    return attempt(functools.partial(call, ident), (409, 403) if kind == "network" else (409,))
+    again = (409, 403) if kind == "network" else (409,)
+    ok, detail = attempt(functools.partial(call, ident), again)
+    return Outcome(ok=ok, detail=detail, **about)

@@ -180,12 +180,12 @@ class Hooks(ResourceKind):
         # As for the other kinds: nothing runs on a verdict that is not this one's.
         if death(owner) is None:
             why = f"its owner {owner} is alive"
-            return [Outcome(_what(r), KIND, False, why, True, key=r.key) for r in resources]
+            return [Outcome.refusal(_what(r), KIND, why, key=r.key) for r in resources]
         try:
             dir_fd = os.open(self.path, SPOOL_OPEN)
         except OSError as err:
             why = f"failed: spool {printable(self.path)}: {err.strerror}"
-            return [Outcome(_what(r), KIND, False, why, key=r.key) for r in resources]
+            return [Outcome.failed(_what(r), KIND, why, key=r.key) for r in resources]
 
         def one(res: Resource) -> Outcome:
             # Each says which hook it is about, so that only the hooks that failed are retried.
@@ -194,7 +194,7 @@ class Hooks(ResourceKind):
             except Exception as err:  # one hook's surprise must not cost the others theirs
                 log.error("%s: cannot run: %s: %s", _what(res), type(err).__name__, err)
                 why = f"failed: {type(err).__name__}: {err}"
-                outcome = Outcome(_what(res), KIND, False, why, counts=("hook_failures",))
+                outcome = Outcome.failed(_what(res), KIND, why, counts=("hook_failures",))
             return replace(outcome, key=res.key)
 
         try:
@@ -213,10 +213,10 @@ class Hooks(ResourceKind):
         try:
             hook, body, fd = read_hook(dir_fd, res.key)
         except FileNotFoundError:
-            return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
+            return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
         except HookError as err:
             log.warning("%s: refused: %s", what, err)
-            return Outcome(what, KIND, False, str(err), refused=True)
+            return Outcome.refusal(what, KIND, str(err))
         try:
             expected = (getattr(res, "dev", 0), getattr(res, "ino", 0), getattr(res, "uid", -1))
             if (hook.dev, hook.ino, hook.uid) != expected:
@@ -224,7 +224,7 @@ class Hooks(ResourceKind):
             if hook.owner != owner:
                 return _refuse(what, f"it now names owner {hook.owner}, not {owner}")
             if dry_run:
-                return Outcome(what, KIND, True, "would run")
+                return Outcome.done(what, KIND, "would run")
             user = pwd.getpwuid(hook.uid)
             env = spawn.environment(user, body["env"])
             env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
@@ -233,9 +233,9 @@ class Hooks(ResourceKind):
             # finds it gone (or failed, and runs it itself). No attempt is spent on waiting.
             # The lock goes with the descriptor.
             if not _lock(fd, LOCK_WAIT):
-                return Outcome(what, KIND, False, "another exitwatch process is running it")
+                return Outcome.failed(what, KIND, "another exitwatch process is running it")
             if os.fstat(fd).st_nlink == 0:  # the other ran it, and removed it, since we opened it
-                return Outcome(what, KIND, True, "already gone (ran, or was cancelled)")
+                return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
             # The last look, through the descriptor: the file read is the file checked.
             try:
                 st = check_file(fd, dir_fd)
@@ -249,7 +249,7 @@ class Hooks(ResourceKind):
         except (KeyError, OSError) as err:
             why = err.strerror if isinstance(err, OSError) else "its user vanished"
             log.warning("%s: cannot run: %s", what, why)
-            return Outcome(what, KIND, False, f"failed: {why}", counts=("hook_failures",))
+            return Outcome.failed(what, KIND, f"failed: {why}", counts=("hook_failures",))
         finally:
             os.close(fd)  # and with it the lock, once the file is gone (or kept for a retry)
 
@@ -275,9 +275,8 @@ class Hooks(ResourceKind):
         if not ran.ok:
             counts.append("hook_timeouts" if ran.timed_out else "hook_failures")
             log.warning("%s: %s; output: %r", what, ran.describe(), ran.tail[-200:])
-            return Outcome(
-                what, KIND, False, f"failed: {ran.describe()}", False, extra, tuple(counts)
-            )
+            why = f"failed: {ran.describe()}"
+            return Outcome.failed(what, KIND, why, extra=extra, counts=tuple(counts))
         detail = f"ran: {ran.describe()}"
         # Gone before success is told: nothing that reads the outcome can run it again.
         try:
@@ -287,7 +286,7 @@ class Hooks(ResourceKind):
             # runs it again.
             log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)
             detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
-        return Outcome(what, KIND, True, detail, False, extra, tuple(counts))
+        return Outcome.done(what, KIND, detail, extra=extra, counts=tuple(counts))
 
 
 def _lock(fd: int, wait: float) -> bool:
@@ -310,7 +309,7 @@ def _what(res: Resource) -> str:
 
 def _refuse(what: str, why: str) -> Outcome:
     log.warning("%s: refused: %s", what, why)
-    return Outcome(what, KIND, False, why, refused=True)
+    return Outcome.refusal(what, KIND, why)
 
 
 def _unlink_same(dir_fd: int, name: str, hook: Hook) -> None:

@@ -316,7 +316,7 @@ class Processes(ResourceKind):
     def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
         if death(owner) is None:
             why = f"its owner {owner} is alive"
-            return [Outcome(r.name, KIND, ok=False, detail=why, refused=True) for r in resources]
+            return [Outcome.refusal(r.name, KIND, why) for r in resources]
         uid = self._seen.uid(owner)
         # Every SIGKILL is sent first, then all are waited for at once: a run's leftovers
         # die together, in one EXIT_WAIT at most rather than one each.
@@ -331,10 +331,10 @@ class Processes(ResourceKind):
             deadline = time.monotonic() + EXIT_WAIT
             for index, res, pidfd in sent:
                 if _exited(pidfd, max(0.0, deadline - time.monotonic())):
-                    outcomes[index] = Outcome(res.name, KIND, ok=True, detail="killed (SIGKILL)")
+                    outcomes[index] = Outcome.done(res.name, KIND, "killed (SIGKILL)")
                 else:
                     why = f"SIGKILL sent, still running after {EXIT_WAIT:g} s"
-                    outcomes[index] = Outcome(res.name, KIND, ok=False, detail=why)
+                    outcomes[index] = Outcome.failed(res.name, KIND, why)
         finally:
             for _, _, pidfd in sent:
                 os.close(pidfd)
@@ -354,35 +354,35 @@ class Processes(ResourceKind):
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
-            return Outcome(res.name, KIND, ok=True, detail="already gone"), None
+            return Outcome.done(res.name, KIND, "already gone"), None
         except OSError as err:
-            return Outcome(res.name, KIND, ok=False, detail=f"failed: {err.strerror}"), None
+            return Outcome.failed(res.name, KIND, f"failed: {err.strerror}"), None
         try:
             try:
                 self._check(owner, uid, pid, starttime)
             except _Refused as why:
                 log.warning("%s: refused to kill: %s", res.name, why)
-                outcome = Outcome(res.name, KIND, ok=False, detail=str(why), refused=True)
+                outcome = Outcome.refusal(res.name, KIND, str(why))
                 return outcome, None
             except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
-                return Outcome(res.name, KIND, ok=True, detail="already gone"), None
+                return Outcome.done(res.name, KIND, "already gone"), None
             except psutil.Error as err:  # AccessDenied: not root, or a hardened /proc
-                return Outcome(res.name, KIND, ok=False, detail=f"failed: {err}"), None
+                return Outcome.failed(res.name, KIND, f"failed: {err}"), None
             # Still running after the checks: every /proc read above was of this pidfd's
             # process, and the signal below can reach no other.
             if _exited(pidfd, 0):
-                return Outcome(res.name, KIND, ok=True, detail="already gone"), None
+                return Outcome.done(res.name, KIND, "already gone"), None
             if dry_run:
-                return Outcome(res.name, KIND, ok=True, detail="would kill"), None
+                return Outcome.done(res.name, KIND, "would kill"), None
             try:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except ProcessLookupError:
-                return Outcome(res.name, KIND, ok=True, detail="already gone"), None
+                return Outcome.done(res.name, KIND, "already gone"), None
             kept, pidfd = pidfd, None
             return None, kept
         except OSError as err:
             detail = f"failed: {err.strerror or err}"
-            return Outcome(res.name, KIND, ok=False, detail=detail), None
+            return Outcome.failed(res.name, KIND, detail), None
         finally:
             if pidfd is not None:
                 os.close(pidfd)

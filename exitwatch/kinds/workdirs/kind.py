@@ -84,10 +84,7 @@ class Workdirs(ResourceKind):
         # nothing is deleted on a verdict that is not this one's.
         if death(owner) is None:
             why = f"its owner {owner} is alive"
-            return [
-                Outcome(f"workdir {printable(r.key)}", KIND, ok=False, detail=why, refused=True)
-                for r in resources
-            ]
+            return [Outcome.refusal(f"workdir {printable(r.key)}", KIND, why) for r in resources]
         return self.remove_ended(owner, resources, dry_run)
 
     def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
@@ -126,12 +123,12 @@ class Workdirs(ResourceKind):
                 os.close(parent)
         except _Refused as why:
             log.warning("%s: refused to remove: %s", what, why)
-            return Outcome(what, KIND, ok=False, detail=str(why), refused=True)
+            return Outcome.refusal(what, KIND, str(why))
         except FileNotFoundError:
-            return Outcome(what, KIND, ok=True, detail="already gone")
+            return Outcome.done(what, KIND, "already gone")
         except OSError as err:
             log.warning("%s: removal failed: %s", what, err.strerror or err)
-            return Outcome(what, KIND, ok=False, detail=f"failed: {err.strerror or err}")
+            return Outcome.failed(what, KIND, f"failed: {err.strerror or err}")
 
     def _locate(self, path: str) -> tuple[str, list[str]]:
         if not os.path.isabs(path) or os.path.normpath(path) != path or "\0" in path:
@@ -162,7 +159,7 @@ class Workdirs(ResourceKind):
         if why is not None:
             raise _Refused(f"its marker {why}")
         if dry_run:
-            return Outcome(what, KIND, ok=True, detail="would remove")
+            return Outcome.done(what, KIND, "would remove")
         left: list[fsops.Left] = []
         for _ in range(REMOVE_PASSES):
             left = fsops.empty_dir(fd, functools.partial(_foreign, owner=owner), MARKER)
@@ -174,14 +171,16 @@ class Workdirs(ResourceKind):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(MARKER, dir_fd=fd)
             if _rmdir_same(parent, name, st):
-                return Outcome(what, KIND, ok=True, detail="removed")
+                return Outcome.done(what, KIND)
             left = [(".", "entries appeared during removal", False)]
         lines = [f"{printable(rel)}: {why}" for rel, why, _ in left]
         shown = "; ".join(lines[:5]) + (f"; and {len(lines) - 5} more" if len(lines) > 5 else "")
         log.warning("%s: left in place: %s", what, shown)
         kept = any(kept for _, _, kept in left)
         detail = f"left {len(lines)} entries: {shown}"
-        return Outcome(what, KIND, ok=False, detail=detail, refused=kept, extra={"left": lines})
+        return Outcome(
+            what=what, kind=KIND, ok=False, detail=detail, refused=kept, extra={"left": lines}
+        )
 
 
 def _foreign(fd: int, owner: Owner) -> str | None:

@@ -15,14 +15,14 @@ from datetime import datetime
 
 import click
 
-from exitwatch import __version__, procfs
+from exitwatch import __version__, procfs, shutdown
 from exitwatch.runner.cli import labels, mark, on_death_cmd, run
 from exitwatch.service import logs
-from exitwatch.service.config import DEFAULT_PATH, SOURCES, Config, ConfigError, load
+from exitwatch.service.config import DEFAULT_PATH, Config, ConfigError, load
+from exitwatch.sources import MODES
 
 log = logging.getLogger("exitwatch")
 
-STOP_DEADLINE = 1.5  # seconds from SIGTERM to exit, removals under way included
 NO_AGENT = 3  # `exitwatch status` with no agent answering, like `systemctl status`
 
 
@@ -115,7 +115,7 @@ def cli() -> None:
 @_config_path
 @_option(
     "--source",
-    type=click.Choice(SOURCES),
+    type=click.Choice(MODES),
     help="How process exits are followed [default: auto: ebpf, then netlink, then poll].",
 )
 @_dry_run
@@ -174,7 +174,7 @@ def agent(config_path: str | None, **flags: object) -> None:
     signal.signal(signal.SIGHUP, on_reload)
     while True:
         try:
-            abandoned = service.run(STOP_DEADLINE)
+            abandoned = service.run(shutdown.DEADLINE)
             # The stop that ended this run is handled; from here on a SIGTERM or SIGHUP
             # sets its flag and stops the next run at once.
             service.rearm()

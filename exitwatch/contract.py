@@ -19,6 +19,9 @@ LABEL_COMPOSE_PROJECT = "com.docker.compose.project"
 MARKER = ".exitwatch-owner"
 MARKER_MAX_BYTES = 4096
 ENV_OWNER = "EXITWATCH_OWNER"
+# Set beside ENV_OWNER by `exitwatch run` alone: a process carrying both is a run's, and
+# dies with it (kinds/processes); ENV_OWNER alone is exported by shells for compose files.
+ENV_RUN = "EXITWATCH_RUN"
 
 
 def kept(labels: Mapping[str, object]) -> bool:

@@ -21,14 +21,9 @@ import test_workdirs
 from test_workdirs import as_user
 
 from exitwatch import procfs
+from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds.base import Resource, Snapshot
-from exitwatch.kinds.processes.kind import (
-    KIND,
-    PF_KTHREAD,
-    RUN_VARIABLE,
-    VARIABLE,
-    Processes,
-)
+from exitwatch.kinds.processes.kind import KIND, PF_KTHREAD, Processes
 from exitwatch.owner import Owner, owner_of
 from exitwatch.service.config import Config
 from exitwatch.service.daemon import make_kinds
@@ -87,7 +82,7 @@ class FakeRun:
     def carrier(self, user=None) -> Proc:
         """Another process carrying this run's owner, not a descendant of it: started by
         `user` who set the variable by hand, or by root (as through `sudo -E`)."""
-        env = os.environ | {VARIABLE: str(self.owner), RUN_VARIABLE: str(self.owner)}
+        env = os.environ | {ENV_OWNER: str(self.owner), ENV_RUN: str(self.owner)}
         argv = ["sleep", "1000000"]
         proc = subprocess.Popen(argv if user is None else _as(user, *argv), env=env)
         self.others.append(proc)
@@ -336,7 +331,7 @@ def _orphan(argv: list[str], env: dict[str, str], comm: str = "sleep") -> Proc:
 
 
 def _carrying(owner: Owner) -> dict[str, str]:
-    return os.environ | {VARIABLE: str(owner), RUN_VARIABLE: str(owner)}
+    return os.environ | {ENV_OWNER: str(owner), ENV_RUN: str(owner)}
 
 
 def test_a_runs_leftovers_are_killed_together(attacker, runs):
@@ -446,7 +441,7 @@ def _take_pid(pid: int, argv: list[str], env: dict[str, str]) -> subprocess.Pope
 def test_a_reused_pid_is_not_killed(attacker):
     wrapper = subprocess.Popen(_as(attacker, "sleep", "1000000"))
     owner = owner_of(wrapper.pid)
-    env = os.environ | {VARIABLE: str(owner), RUN_VARIABLE: str(owner)}
+    env = os.environ | {ENV_OWNER: str(owner), ENV_RUN: str(owner)}
     # The leftover is this test's own child, so that its pid is freed once it is reaped.
     leftover = subprocess.Popen(_as(attacker, "sleep", "1000000"), env=env)
     wait_for(lambda: procfs.read_stat(leftover.pid).comm == "sleep", what="the exec")

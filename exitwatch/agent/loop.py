@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
+from exitwatch import shutdown
 from exitwatch.agent.index import Index
 from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.agent.record import Recorder
@@ -25,7 +26,6 @@ ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
 RESYNC_DELAY = 0.1  # the longest a lost exit waits for its re-check while hints pour in
 RECHECK_DELAY = 1.0  # an owner whose liveness could not be read is judged again after this
-STOP_PARTS_DEADLINE = 1.0  # of the 2 s from SIGTERM to exit; the drain gets the rest
 # Counted from start, so that every one is shown (and exported) from the first scrape.
 COUNTERS = (
     *("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"),
@@ -125,7 +125,7 @@ class Agent:
         stoppers = [threading.Thread(target=p.stop, daemon=True) for p in parts]
         for stopper in stoppers:
             stopper.start()
-        deadline = time.monotonic() + STOP_PARTS_DEADLINE
+        deadline = time.monotonic() + shutdown.PART
         for stopper in stoppers:
             stopper.join(max(0.0, deadline - time.monotonic()))
 

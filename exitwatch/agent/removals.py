@@ -26,6 +26,13 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (kind, key) of one resource
 
 
+def retry_delay(attempt: int) -> float:
+    """Seconds before the attempt after `attempt` (1, 2, ...): 0.5 s, 2 s, 8 s, ... A
+    removal that failed at once (a busy engine) is soon tried again; one that keeps
+    failing (an immutable file) costs ever less."""
+    return 0.5 * 4 ** (attempt - 1)
+
+
 @dataclass(frozen=True)
 class Job:
     """Remove what one dead owner held of one kind."""
@@ -166,7 +173,7 @@ class Removals:
     def _retry(self, job: Job) -> bool:
         """Schedule the job's next attempt; False once it has had them all."""
         if job.attempt < self._settings.reap_attempts:
-            due = time.monotonic() + 0.5 * 4 ** (job.attempt - 1)
+            due = time.monotonic() + retry_delay(job.attempt)
             retry = replace(job, attempt=job.attempt + 1)
             heapq.heappush(self._retries, (due, next(self._tiebreak), retry))
             return True

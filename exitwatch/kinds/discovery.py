@@ -9,9 +9,9 @@ import select
 import threading
 from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+from exitwatch import shutdown
 
-STOP_DEADLINE = 1.0  # discovery's share of the agent's 2 s from SIGTERM to exit
+log = logging.getLogger(__name__)
 
 
 class Discovery:
@@ -33,15 +33,15 @@ class Discovery:
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the thread to stop and wait up to STOP_DEADLINE for it. Idempotent."""
+        """Ask the thread to stop and wait up to shutdown.PART for it. Idempotent."""
         if self._thread is None:
             return
         os.write(self._stop_w, b"x")
-        self._thread.join(STOP_DEADLINE)
+        self._thread.join(shutdown.PART)
         if self._thread.is_alive():
             # A long look (a walk of a huge tree) is under way; the thread is a daemon, and
             # it owns the pipe's read end until it notices.
-            log.warning("%s did not stop within %.0f s", self.what, STOP_DEADLINE)
+            log.warning("%s did not stop within %.0f s", self.what, shutdown.PART)
         else:
             os.close(self._stop_r)
             os.close(self._stop_w)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from exitwatch import procfs
-from exitwatch.contract import ENV_OWNER, mark_workdir
+from exitwatch.contract import ENV_OWNER, ENV_RUN, mark_workdir
 from exitwatch.kinds.base import Outcome, Resource
 from exitwatch.owner import Owner, OwnerError, owner_of
 from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, listen
@@ -98,7 +98,7 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
             listener = listen(made[0])
             child_env = dict(env)
             child_env["DOCKER_HOST"] = f"unix://{made[0]}/docker.sock"
-            child_env[ENV_OWNER] = child_env["EXITWATCH_RUN"] = str(owner)
+            child_env[ENV_OWNER] = child_env[ENV_RUN] = str(owner)
             if settings.tmpdir:
                 made.append(_fresh_dir(env.get("TMPDIR") or "/tmp", owner))
                 child_env["TMPDIR"] = made[1]

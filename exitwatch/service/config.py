@@ -9,8 +9,8 @@ import typing
 from dataclasses import asdict, dataclass, fields, replace
 
 from exitwatch.contract import HOOK_DIR
+from exitwatch.sources import MODES
 
-SOURCES = ("auto", "ebpf", "netlink", "poll")
 DEFAULT_PATH = "/etc/exitwatch/config.toml"
 
 
@@ -65,7 +65,7 @@ class Config:
     def validate(self) -> None:
         """Raise ConfigError(key: what is expected) for a value out of range."""
         checks = {
-            "source": (self.source in SOURCES, f"one of {', '.join(SOURCES)}"),
+            "source": (self.source in MODES, f"one of {', '.join(MODES)}"),
             "poll_interval": (0.01 <= self.poll_interval <= 3600, "a number in 0.01..3600"),
             "workdir_roots": (
                 all(r.startswith("/") for r in self.workdir_roots),

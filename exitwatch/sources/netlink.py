@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Container
 
-from exitwatch import procfs
+from exitwatch import procfs, shutdown
 from exitwatch.owner import Owner
 from exitwatch.sources.base import Emit, Exit, Lost, Source, SourceError, name_os_thread
 
@@ -42,7 +42,6 @@ RCVBUF_ENV = "EXITWATCH_NETLINK_RCVBUF"
 RECV_SIZE = 16 * 1024
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
-STOP_DEADLINE = 1.0  # the reader's share of the agent's 2 s from SIGTERM to exit
 NLMSG_NOOP = 1
 
 _NLMSG = struct.Struct("=IHHII")  # len, type, flags, seq, port id
@@ -227,9 +226,9 @@ class NetlinkSource(Source):
             os.eventfd_write(self._wake, 1)
             if sock is not None:
                 _poke(sock)
-            self._thread.join(STOP_DEADLINE)
+            self._thread.join(shutdown.PART)
             if self._thread.is_alive():
-                log.warning("netlink reader did not stop within %.0f s", STOP_DEADLINE)
+                log.warning("netlink reader did not stop within %.0f s", shutdown.PART)
             else:
                 os.close(self._wake)
 

@@ -62,7 +62,7 @@ import time
 import psutil
 
 from exitwatch import procfs
-from exitwatch.contract import ENV_OWNER
+from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds.base import (
     Found,
     Gone,
@@ -77,8 +77,6 @@ from exitwatch.owner import Owner, OwnerError, current_boot_id, death
 log = logging.getLogger(__name__)
 
 KIND = "process"
-VARIABLE = ENV_OWNER
-RUN_VARIABLE = "EXITWATCH_RUN"  # set beside VARIABLE by `exitwatch run` only
 RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching thread
 # Every FULL_EVERY-th rescan reads every process's identity again; the others read only new
 # pids. A new process nearly always has a new pid, and one idle listing of /proc costs far
@@ -161,13 +159,13 @@ class _Seen:
             environ = psutil.Process(stat.pid).environ()
         except psutil.Error:
             return None  # gone, or a zombie by now
-        value = environ.get(VARIABLE)
-        if value is None or environ.get(RUN_VARIABLE) != value:
+        value = environ.get(ENV_OWNER)
+        if value is None or environ.get(ENV_RUN) != value:
             return None  # no run's: a shell that exported the owner for compose, say
         try:
             owner = Owner.parse(value)
         except OwnerError as err:
-            log.debug("process %d: %s=%r: %s; ignored", stat.pid, VARIABLE, value, err)
+            log.debug("process %d: %s=%r: %s; ignored", stat.pid, ENV_OWNER, value, err)
             return None
         key = f"{stat.pid}:{stat.starttime}"
         return Resource(KIND, key, owner, name=f"process {stat.pid} ({stat.comm})")
@@ -403,10 +401,8 @@ class Processes(ResourceKind):
             # Read between an exec's new memory map and its new environment, /proc shows
             # none. That says nothing yet: a failure, retried, rather than a refusal.
             raise OSError(errno.EAGAIN, "its environment reads empty now (an exec under way?)")
-        if environ.get(VARIABLE) != str(owner) or environ.get(RUN_VARIABLE) != str(owner):
-            raise _Refused(
-                f"its environment no longer carries {VARIABLE} and {RUN_VARIABLE}={owner}"
-            )
+        if environ.get(ENV_OWNER) != str(owner) or environ.get(ENV_RUN) != str(owner):
+            raise _Refused(f"its environment no longer carries {ENV_OWNER} and {ENV_RUN}={owner}")
         if uid is None:
             raise _Refused(
                 "the run's uid is unknown (its wrapper was never seen alive), so whose "

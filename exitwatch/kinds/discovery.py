@@ -1,5 +1,6 @@
 """A kind's discovery thread: started with a stop pipe, stopped within a deadline, and the
-wait its loop makes between looks. Workdirs and hooks both follow their files this way."""
+wait its loop makes between looks. Every kind follows its resources this way: the Docker
+events stream, the workdir roots, the hook spool and the process table."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ log = logging.getLogger(__name__)
 class Discovery:
     """One discovery thread at a time, running `target(stop_fd)` until stop()."""
 
-    def __init__(self, what: str, thread_name: str) -> None:
+    def __init__(self, what: str, thread_name: str, wake: Callable[[], None] | None = None) -> None:
         self.what = what  # for people: "workdir discovery"
         self.thread_name = thread_name
+        # For a thread that blocks elsewhere than on the stop pipe (a stream it reads):
+        # called once the stop is asked for, to end that wait.
+        self._wake = wake
         self._thread: threading.Thread | None = None
         self._stop_r = self._stop_w = -1
 
@@ -37,6 +41,8 @@ class Discovery:
         if self._thread is None:
             return
         os.write(self._stop_w, b"x")
+        if self._wake is not None:
+            self._wake()
         self._thread.join(shutdown.PART)
         if self._thread.is_alive():
             # A long look (a walk of a huge tree) is under way; the thread is a daemon, and
@@ -46,6 +52,11 @@ class Discovery:
             os.close(self._stop_r)
             os.close(self._stop_w)
         self._thread = None
+
+
+def stopped(stop_fd: int) -> bool:
+    """Whether the stop has been asked for."""
+    return wait(stop_fd, None, 0)
 
 
 def wait(stop_fd: int, fd: int | None, timeout: float | None) -> bool:

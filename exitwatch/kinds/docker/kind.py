@@ -15,6 +15,7 @@ import docker.utils
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
 from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.kinds.discovery import Discovery, stopped, wait
 from exitwatch.kinds.docker import compose, networks
 from exitwatch.kinds.docker.engine import (
     DEFAULT_HOST,
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
-STOP_DEADLINE = 1.0  # the events thread's share of the agent's 2 s; it is a daemon
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
 SINCE_MARGIN_NS = 100_000_000
@@ -103,10 +103,11 @@ class Containers(ResourceKind):
         self.last_error: str | None = None
         self._since: str | None = None
         self._followed = self._down = False
-        self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._stream: Any = None
-        self._thread: threading.Thread | None = None
+        self._discovery = Discovery(
+            "docker events thread", "exitwatch-docker-events", wake=self._close_stream
+        )
 
     def health(self) -> dict:
         return {
@@ -134,20 +135,10 @@ class Containers(ResourceKind):
     # -- watching ------------------------------------------------------------------------------
 
     def start(self, notify: Notify) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(
-            target=self._watch, args=(notify,), name="exitwatch-docker-events", daemon=True
-        )
-        self._thread.start()
+        self._discovery.start(lambda stop_fd: self._watch(notify, stop_fd))
 
     def stop(self) -> None:
-        self._stopping.set()
-        self._close_stream()
-        if self._thread is not None:
-            self._thread.join(STOP_DEADLINE)
-            if self._thread.is_alive():
-                log.warning("docker events thread did not stop within %.0f s", STOP_DEADLINE)
-            self._thread = None
+        self._discovery.stop()
         self._engine.close()
         self.connected = False
 
@@ -160,18 +151,18 @@ class Containers(ResourceKind):
             except ENGINE_ERRORS as err:
                 log.debug("closing the docker events stream: %s", engine_error(err))
 
-    def _watch(self, notify: Notify) -> None:
+    def _watch(self, notify: Notify, stop_fd: int) -> None:
         delay = BACKOFF_MIN
-        while not self._stopping.is_set():
+        while not stopped(stop_fd):
             # A client per connection: it negotiates the API version of the engine that answers
             # now, and a stream stuck on a dead engine holds nothing that removals need.
             engine = Engine(self._client_args, self._timeout, pool=2)
             try:
-                self._follow(engine, notify)
+                self._follow(engine, notify, stop_fd)
                 problem = "the events stream ended"
             except Exception as err:
                 # Closing the stream under the reader makes it raise whatever it likes.
-                if self._stopping.is_set():
+                if stopped(stop_fd):
                     break
                 if isinstance(err, ENGINE_ERRORS):
                     problem = engine_error(err)
@@ -181,7 +172,7 @@ class Containers(ResourceKind):
             finally:
                 self._close_stream()
                 engine.close()
-            if self._stopping.is_set():
+            if stopped(stop_fd):
                 break
             if self.connected:
                 delay = BACKOFF_MIN
@@ -190,15 +181,17 @@ class Containers(ResourceKind):
             if not self._down:
                 log.warning("docker engine at %s: %s; reconnecting", self.host, problem)
             self._down = True
-            self._stopping.wait(delay)
+            if wait(stop_fd, None, delay):
+                break
             delay = min(delay * 2, BACKOFF_MAX)
 
-    def _follow(self, engine: Engine, notify: Notify) -> None:
+    def _follow(self, engine: Engine, notify: Notify, stop_fd: int) -> None:
         """Subscribe first, then report a Snapshot, then each event until the stream ends."""
         since = self._since or _ns_time(time.time_ns() - SINCE_MARGIN_NS)
         stream = engine.events(since)
         with self._lock:
-            if self._stopping.is_set():
+            # A stop asked for before the stream was kept here found none to close.
+            if stopped(stop_fd):
                 stream.close()
                 return
             self._stream = stream

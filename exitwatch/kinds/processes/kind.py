@@ -63,6 +63,7 @@ import psutil
 
 from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN
+from exitwatch.kinds import discovery
 from exitwatch.kinds.base import (
     Found,
     Gone,
@@ -86,7 +87,6 @@ RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching t
 FULL_EVERY = 10
 UID_GRACE = 60.0  # seconds a dead run's uid is kept once nothing carries its owner
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
-STOP_DEADLINE = 1.0
 MAX_BACKOFF = 60.0  # the longest wait before another try of a failing rescan
 PF_KTHREAD = 0x00200000
 
@@ -227,8 +227,7 @@ class Processes(ResourceKind):
     def __init__(self, interval: float = RESCAN_INTERVAL) -> None:
         self.interval = interval
         self._seen = _Seen()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._discovery = discovery.Discovery("process discovery", "exitwatch-processes")
         self._lock = threading.Lock()  # the counters below, read by status
         self._rescans = self._failures = self._failing = 0
         self._last_error: str | None = None
@@ -240,15 +239,9 @@ class Processes(ResourceKind):
         return Snapshot(KIND, tuple(found[k] for k in sorted(found)))
 
     def start(self, notify: Notify) -> None:
-        if self._thread is not None:
-            raise RuntimeError("process discovery is already running")
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._follow, args=(notify,), name="exitwatch-processes", daemon=True
-        )
-        self._thread.start()
+        self._discovery.start(lambda stop_fd: self._follow(notify, stop_fd))
 
-    def _follow(self, notify: Notify) -> None:
+    def _follow(self, notify: Notify, stop_fd: int) -> None:
         # A Snapshot first, then only changes: a refused leftover is reported (and its
         # refusal audited) once, not at every rescan. A rescan that fails is tried again,
         # later each time (up to MAX_BACKOFF), and shown in health(); the first of a run
@@ -256,7 +249,7 @@ class Processes(ResourceKind):
         before: dict[str, Resource] | None = None
         wait = 0.0
         rescans = 0
-        while not self._stop.wait(wait):
+        while not discovery.wait(stop_fd, None, wait):
             try:
                 now = self._seen.rescan(full=rescans % FULL_EVERY == 0)
                 rescans += 1
@@ -301,13 +294,7 @@ class Processes(ResourceKind):
             }
 
     def stop(self) -> None:
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join(STOP_DEADLINE)
-        if self._thread.is_alive():
-            log.warning("process discovery did not stop within %.0f s", STOP_DEADLINE)
-        self._thread = None
+        self._discovery.stop()
 
     # Removal
 

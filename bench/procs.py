@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from exitwatch.contract import mark_workdir
 from exitwatch.owner import Owner, owner_of
-from exitwatch.service.status import query
+from exitwatch.service.status.server import query
 
 TICKS = os.sysconf("SC_CLK_TCK")
 READY = "ready: watching "

@@ -82,8 +82,8 @@ def _config(config_path: str | None, **flags: object) -> Config:
     return config
 
 
-def _kinds(config: Config) -> list:
-    """The resource kinds (containers first), or one line saying why the config is bad."""
+def _kinds(config: Config) -> dict:
+    """The resource kinds by name, or one line saying why the config is bad."""
     from exitwatch.service.daemon import make_kinds
 
     try:
@@ -154,7 +154,7 @@ def agent(config_path: str | None, **flags: object) -> None:
     logs.setup(config.log_format)
     from exitwatch.service.daemon import Service
     from exitwatch.service.metrics import MetricsError
-    from exitwatch.service.status import StatusError
+    from exitwatch.service.status.server import StatusError
     from exitwatch.sources import SourceError
 
     service = Service(config, started=time.time())
@@ -208,12 +208,13 @@ def reap(config_path: str | None, **flags: object) -> None:
     config = _config(config_path, **flags)
     logs.setup(config.log_format)
     from exitwatch.agent.loop import Agent
+    from exitwatch.kinds.docker.kind import KIND as CONTAINER
 
     kinds = _kinds(config)
-    problem = kinds[0].ping()
+    problem = kinds[CONTAINER].ping()
     if problem is not None:
         raise click.ClickException(problem)
-    agent = Agent(config, kinds)
+    agent = Agent(config, kinds.values())
     problems = agent.reconcile()
     if problems:
         raise click.ClickException("; ".join(problems))
@@ -226,7 +227,9 @@ def reap(config_path: str | None, **flags: object) -> None:
 @_config_path
 @_status_socket
 @_hook_dir
-@click.option("--json", "as_json", is_flag=True, help="The status as JSON (schema: README).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="The status as JSON (schema: docs/operations.md)."
+)
 @click.option(
     "--since",
     metavar="WHEN",
@@ -236,13 +239,17 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
     """Show what the agent watches and what it removed; exit 3 if no agent answers."""
     config = _config(config_path, **flags)
     from exitwatch.agent import audit
-    from exitwatch.service.status import query, render
+    from exitwatch.service.status import build
+    from exitwatch.service.status.server import query
+    from exitwatch.service.status.text import render
 
     doc = query(config.status_socket)
     code = 0
     if doc is None:
-        logs.setup("text")
-        doc = _scan(config)
+        # Errors only: a warning for each bad marker would bury the status, which counts
+        # them instead; `exitwatch reap --dry-run` names each.
+        logs.setup("text", logging.ERROR)
+        doc = build.of_scan(_kinds(config))
         code = NO_AGENT
     if since is not None:
         # The running agent's own audit log, whatever this command's config says.
@@ -255,65 +262,6 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
             ) from None
     click.echo(json.dumps(doc, indent=2) if as_json else render(doc))
     sys.exit(code)
-
-
-def _scan(config: Config) -> dict:
-    """What a one-shot scan finds, read-only: live owners, and orphans waiting."""
-    from exitwatch.agent.index import Index
-    from exitwatch.kinds.docker.engine import EngineError
-    from exitwatch.kinds.workdirs import tree as workdir_tree
-    from exitwatch.owner import death
-
-    index = Index()
-    kinds = _kinds(config)
-    docker = {"endpoint": kinds[0].host, "connected": True}
-    skipped = _SkippedMarkers()
-    unlisted = []  # a non-root user cannot list the hook spool: one line, not a warning
-    workdir_tree.log.addFilter(skipped)
-    try:
-        for kind in kinds:
-            try:
-                index.replace_kind(kind.kind, kind.scan().resources)
-            except EngineError as err:
-                docker = {"endpoint": kinds[0].host, "connected": False, "last_error": str(err)}
-            except (OSError, ValueError) as err:
-                unlisted.append(f"{kind.kind}s: {err}")
-    finally:
-        workdir_tree.log.removeFilter(skipped)
-    owners, pending = [], []
-    for owner in sorted(index.owners()):
-        why = death(owner)
-        entry = index.describe(owner)
-        if why is None:
-            owners.append(entry)
-        else:
-            held = [c["name"] for c in entry.pop("containers")] + entry.pop("workdirs")
-            held += [x for k, v in entry.items() if isinstance(v, list) for x in v]
-            pending.append({"owner": entry["owner"], "death": why, "what": held})
-    return {
-        "schema": 1,
-        "agent": None,
-        "docker": docker,
-        "owners": owners,
-        "pending": pending,
-        "skipped_markers": skipped.count,
-        "not_listed": unlisted,
-    }
-
-
-class _SkippedMarkers(logging.Filter):
-    """Counts the bad-marker warnings of a one-shot scan and keeps them off the terminal,
-    where a dozen would bury the status; `exitwatch reap --dry-run` prints them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith("marker "):
-            self.count += 1
-            return False
-        return True
 
 
 def _since(text: str) -> float:

@@ -38,7 +38,7 @@ class Things(ResourceKind):
     def stop(self) -> None:
         pass
 
-    def remove(self, owner, resources, dry_run) -> list[Outcome]:
+    def remove(self, owner, resources, dry_run, how) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
         self.release.wait(10)
         return [
@@ -134,7 +134,7 @@ class Keyed(Things):
         super().__init__()
         self.failing = failing
 
-    def remove(self, owner, resources, dry_run) -> list[Outcome]:
+    def remove(self, owner, resources, dry_run, how) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
         return [
             Outcome(what=f"thing {r.key}", kind=self.kind, ok=r.key not in self.failing, key=r.key)
@@ -149,7 +149,8 @@ def test_only_what_failed_is_retried_and_a_given_up_one_shows_until_it_is_gone(r
     wait_for(lambda: agent.counters()["gave_up"] == 1, what="the agent to give up")
     assert kind.calls == [["good", "bad"], ["bad"]]
     [item] = agent.ask(agent.pending)
-    assert (item["what"], item["state"], item["attempt"]) == (["bad"], "given up", 2)
+    what = [r.name or r.key for r in item.job.resources]
+    assert (what, item.state, item.job.attempt) == (["bad"], "given up", 2)
     agent.submit(Gone("thing", "bad"))
     wait_for(lambda: agent.ask(agent.pending) == [], what="the given-up item to go")
 

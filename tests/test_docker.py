@@ -215,14 +215,14 @@ def test_remove_takes_a_running_container_and_its_anonymous_volume(
     [mount] = engine.client.api.inspect_container(cid)["Mounts"]
     held = held_by(kind, owner)
 
-    [outcome] = kind.remove(owner, held, dry_run=False)
+    [outcome] = kind.reap(owner, held, dry_run=False)
     assert (outcome.ok, outcome.detail, outcome.kind) == (True, "removed", "container")
     assert cid[:12] in outcome.what
     assert not exists(engine, cid)
     assert mount["Name"] not in {v["Name"] for v in engine.client.api.volumes()["Volumes"] or []}
 
     # Removing it again is no failure: it is already gone.
-    [again] = kind.remove(owner, held, dry_run=False)
+    [again] = kind.reap(owner, held, dry_run=False)
     assert (again.ok, again.detail) == (True, "already gone")
 
 
@@ -230,7 +230,7 @@ def test_remove_refuses_a_live_owner(
     engine: PrivateEngine, kind: Containers, live_owner: Owner
 ) -> None:
     cid = run(engine, labels={LABEL_OWNER: str(live_owner)})
-    [outcome] = kind.remove(live_owner, held_by(kind, live_owner), dry_run=False)
+    [outcome] = kind.reap(live_owner, held_by(kind, live_owner), dry_run=False)
     assert outcome.refused and not outcome.ok
     assert exists(engine, cid)
 
@@ -238,7 +238,7 @@ def test_remove_refuses_a_live_owner(
 def test_dry_run_removes_nothing(engine: PrivateEngine, kind: Containers) -> None:
     owner = killed_owner()
     cid = run(engine, labels={LABEL_OWNER: str(owner)})
-    [outcome] = kind.remove(owner, held_by(kind, owner), dry_run=True)
+    [outcome] = kind.reap(owner, held_by(kind, owner), dry_run=True)
     assert outcome.ok and "dry run" in outcome.detail
     assert exists(engine, cid)
 
@@ -281,7 +281,7 @@ def test_a_dead_owners_compose_project_goes_as_a_whole(
     held = held_by(kind, owner)
     assert [r.group for r in held] == [project]
 
-    outcomes = kind.remove(owner, held, dry_run=False)
+    outcomes = kind.reap(owner, held, dry_run=False)
 
     assert all(o.ok for o in outcomes), outcomes
     assert sorted(o.kind for o in outcomes) == ["container"] * 3 + ["network"]
@@ -299,7 +299,7 @@ def test_a_live_sibling_keeps_the_project_but_not_the_dead_owners_containers(
     project = compose_up(owner, str(live_owner))
     before = project_containers(engine, project)
 
-    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+    outcomes = kind.reap(owner, held_by(kind, owner), dry_run=False)
 
     assert project_containers(engine, project) == {
         "helper": before["helper"],
@@ -323,7 +323,7 @@ def test_a_malformed_sibling_label_keeps_the_project(
     before = project_containers(engine, project)
 
     with caplog.at_level(logging.WARNING, logger="exitwatch"):
-        outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+        outcomes = kind.reap(owner, held_by(kind, owner), dry_run=False)
 
     assert set(project_containers(engine, project)) == {"helper", "peer"}
     assert project_networks(engine, project) == [f"{project}_inner"]
@@ -343,7 +343,7 @@ def test_a_kept_container_stays_and_so_do_the_networks_it_uses(
         labels={LABEL_COMPOSE_PROJECT: project, LABEL_KEEP: "true"},
     )
 
-    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+    outcomes = kind.reap(owner, held_by(kind, owner), dry_run=False)
 
     assert list(project_containers(engine, project).values()) == [kept]
     assert project_networks(engine, project) == [f"{project}_inner"]
@@ -360,7 +360,7 @@ def test_a_kept_network_of_the_project_stays(
     labels = {LABEL_COMPOSE_PROJECT: project, LABEL_KEEP: "true"}
     engine.client.api.create_network(f"{project}_kept", labels=labels)
 
-    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+    outcomes = kind.reap(owner, held_by(kind, owner), dry_run=False)
 
     assert project_containers(engine, project) == {}
     assert project_networks(engine, project) == [f"{project}_kept"]
@@ -396,7 +396,7 @@ def test_a_network_refused_for_active_endpoints_is_tried_again(
     project = compose_up(owner, str(killed_owner()))
     calls, strangers = racing_remove_network(engine, kind, times=1)
 
-    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=False)
+    outcomes = kind.reap(owner, held_by(kind, owner), dry_run=False)
 
     [net] = [o for o in outcomes if o.kind == "network"]
     assert (net.ok, net.detail, len(calls), len(strangers)) == (True, "removed", 2, 1)
@@ -411,13 +411,13 @@ def test_a_retry_of_the_job_finds_the_network_its_containers_left(
     held = held_by(kind, owner)
     calls, _ = racing_remove_network(engine, kind, times=3)
 
-    first = kind.remove(owner, held, dry_run=False)
+    first = kind.reap(owner, held, dry_run=False)
 
     [net] = [o for o in first if o.kind == "network"]
     assert not net.ok and not net.refused and "403" in net.detail, net
     assert project_containers(engine, project) == {} and len(calls) == 3
     # The agent retries the job with the same resources, every container of it gone now.
-    again = kind.remove(owner, held, dry_run=False)
+    again = kind.reap(owner, held, dry_run=False)
     [net] = [o for o in again if o.kind == "network"]
     assert (net.ok, net.detail) == (True, "removed")
     assert project_networks(engine, project) == []
@@ -430,7 +430,7 @@ def test_dry_run_leaves_a_compose_project_whole(
     project = compose_up(owner, str(killed_owner()))
     before = project_containers(engine, project)
 
-    outcomes = kind.remove(owner, held_by(kind, owner), dry_run=True)
+    outcomes = kind.reap(owner, held_by(kind, owner), dry_run=True)
 
     assert sorted(o.kind for o in outcomes) == ["container"] * 3 + ["network"]
     assert all(o.ok and "dry run" in o.detail for o in outcomes)
@@ -480,7 +480,7 @@ def test_a_project_of_the_same_name_elsewhere_is_refused_not_removed(
     ours = project_containers(engine, project)
     kill(child)
 
-    outcomes = kind.remove(child.owner, held_by(kind, child.owner), dry_run=False)
+    outcomes = kind.reap(child.owner, held_by(kind, child.owner), dry_run=False)
 
     assert project_containers(engine, project) == {"db": prod_db}
     assert project_networks(engine, project) == [f"{project}_default"]
@@ -509,7 +509,7 @@ def test_an_unlabelled_sibling_older_than_the_owner_is_refused(
     main = project_containers(engine, project)["main"]
     kill(child)
 
-    outcomes = kind.remove(child.owner, held_by(kind, child.owner), dry_run=False)
+    outcomes = kind.reap(child.owner, held_by(kind, child.owner), dry_run=False)
 
     assert project_containers(engine, project) == {"helper": older}
     assert project_networks(engine, project) == [f"{project}_default"]

@@ -181,11 +181,11 @@ def test_bad_hook_files_are_refused_with_a_warning_and_never_run(
     path = write(spool / f"{99:032x}.json", good)
     [hook] = kind.scan().resources
     os.chmod(path, 0o622)
-    [outcome] = kind.remove(dead_owner, [hook], dry_run=False)
+    [outcome] = kind.reap(dead_owner, [hook], dry_run=False)
     assert outcome.refused and "writable by group or others" in outcome.detail
     os.chmod(path, 0o600)
     os.chown(path, attacker.pw_uid, attacker.pw_gid)  # another uid than was found
-    [outcome] = kind.remove(dead_owner, [hook], dry_run=False)
+    [outcome] = kind.reap(dead_owner, [hook], dry_run=False)
     assert outcome.refused and "replaced" in outcome.detail
     assert not canary.exists()
 
@@ -213,7 +213,7 @@ def test_a_file_mounted_over_a_users_hook_is_refused(spool, dead_owner, tmp_path
         mounts.insert(0, hook_file)
         assert hook_file.stat().st_uid == 0  # what root's checks now see
         assert kind.scan().resources == ()
-        [outcome] = kind.remove(dead_owner, [found], dry_run=False)
+        [outcome] = kind.reap(dead_owner, [found], dry_run=False)
         assert outcome.refused and "mounted over" in outcome.detail, outcome
         assert not canary.exists()
     finally:
@@ -237,7 +237,7 @@ def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead_o
     write(spool / f"{2:032x}.json", body(dead_owner, ["sh", "-c", seen], timeout=60))
     kind = Hooks(str(spool))
     hooks = list(kind.scan().resources)
-    outcome, fine = kind.remove(dead_owner, hooks, dry_run=False)
+    outcome, fine = kind.reap(dead_owner, hooks, dry_run=False)
     assert fine.ok and quick.read_text() == "running\n", fine
     assert not outcome.ok and "timed out" in outcome.detail
     assert outcome.extra["hook"]["timed_out"] and outcome.counts == ("hook_runs", "hook_timeouts")
@@ -259,7 +259,7 @@ def test_a_hook_leaves_nothing_running_and_does_not_keep_the_agents_oom_score(
     # CAP_SYS_RESOURCE, which the test machine may lack, so a raised score stands in.
     adj.write_text("300")
     try:
-        [outcome] = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
+        [outcome] = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
     finally:
         adj.write_text(before)
     assert outcome.ok, outcome
@@ -279,7 +279,7 @@ def test_a_hook_locked_by_another_runner_is_waited_for_and_not_run_twice(
     with path.open() as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # as `exitwatch reap` running it would
         waiter = threading.Thread(
-            target=lambda: outcomes.extend(kind.remove(dead_owner, [hook], dry_run=False))
+            target=lambda: outcomes.extend(kind.reap(dead_owner, [hook], dry_run=False))
         )
         waiter.start()
         wait_for(lambda: _opens(path), 30, "the runner to open the hook file")
@@ -408,7 +408,7 @@ def test_a_live_owners_hook_is_refused_at_run_time(spool, tmp_path):
         write(spool / f"{2:032x}.json", body(owner.owner, ["touch", str(canary)]))
         kind = Hooks(str(spool))
         [hook] = kind.scan().resources
-        [outcome] = kind.remove(owner.owner, [hook], dry_run=False)
+        [outcome] = kind.reap(owner.owner, [hook], dry_run=False)
         assert outcome.refused and "alive" in outcome.detail
         assert not canary.exists()
     finally:
@@ -433,7 +433,7 @@ def test_a_hook_runs_where_its_user_may_go(spool, dead_owner, tmp_path, attacker
             data = json.loads(path.read_text()) | {"cwd": cwd}
             path.write_text(json.dumps(data))
         kind = Hooks(str(spool))
-        outcomes = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
+        outcomes = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
         assert all(o.ok for o in outcomes), outcomes
         assert (out / "0").read_text() == f"{out}\n"
         assert (out / "1").read_text() in (f"{attacker.pw_dir}\n", "/\n")
@@ -458,7 +458,7 @@ def test_environment_and_death_are_handed_over(spool, dead_owner, tmp_path):
     assert env["USER"] == "root" and env["HOME"] and env["PATH"] and env["LANG"]
     assert not path.exists()
     # Ran once: its file is gone, so the same resource never runs again.
-    [again] = kind.remove(dead_owner, [hook], dry_run=False)
+    [again] = kind.reap(dead_owner, [hook], dry_run=False)
     assert again.ok and "already gone" in again.detail
 
 
@@ -493,7 +493,7 @@ def test_one_hook_that_raises_costs_the_others_nothing(
     write(spool / f"{2:032x}.json", body(dead_owner, ["touch", str(canary)]))
     kind = Hooks(str(spool))
     caplog.set_level(logging.WARNING)
-    raising, fine = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
+    raising, fine = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
     assert fine.ok and canary.exists(), fine
     assert not raising.ok and not raising.refused and "UnicodeEncodeError" in raising.detail
     assert raising.key == f"{1:032x}.json"
@@ -577,7 +577,7 @@ def test_fuzzed_hook_files_are_refused_and_never_run(spool, dead_owner, tmp_path
             fake = Hook(
                 "hook", path.name, dead_owner, path.name, None, st_.st_uid, st_.st_ino, st_.st_dev
             )
-            [outcome] = kind.remove(dead_owner, [fake], dry_run=False)
+            [outcome] = kind.reap(dead_owner, [fake], dry_run=False)
             assert outcome.refused and outcome.detail == why, (outcome, why)
         finally:
             path.unlink()  # each example stands alone, a failing one too
@@ -593,6 +593,6 @@ def test_the_runner_kills_on_timeout_even_a_group_leader_that_ignores_sigterm(
     script = "trap '' TERM; while :; do sleep 1; done"
     write(spool / f"{3:032x}.json", body(dead_owner, ["sh", "-c", script], timeout=0.3))
     kind = Hooks(str(spool))
-    [outcome] = kind.remove(dead_owner, list(kind.scan().resources), dry_run=False)
+    [outcome] = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
     assert outcome.extra["hook"]["timed_out"]
     assert outcome.extra["hook"]["returncode"] == -signal.SIGKILL

@@ -42,7 +42,7 @@ def test_a_dead_owners_networks_and_volumes_go_with_its_containers(
     api.create_volume("livevol", labels={LABEL_OWNER: str(live_owner)})
     make(engine, "held", mine, "deadnet", "deadvol")
 
-    outcomes = kind.remove(dead, kind.owned(dead), dry_run=False)
+    outcomes = kind.reap(dead, kind.owned(dead), dry_run=False)
 
     said = {o.what: (o.ok, o.detail) for o in outcomes}
     assert said["network deadnet"] == (True, "removed")
@@ -62,7 +62,7 @@ def test_they_stay_while_a_container_of_the_owner_remains(
     api.create_volume("deadvol", labels=mine)
     make(engine, "kept", mine | {LABEL_KEEP: "true"}, "deadnet", "deadvol")
 
-    outcomes = kind.remove(dead, [], dry_run=False)
+    outcomes = kind.reap(dead, [], dry_run=False)
 
     said = {o.what: (o.ok, o.refused, o.detail) for o in outcomes}
     why = "containers of the owner remain: kept"
@@ -80,10 +80,10 @@ def test_a_live_owner_is_refused_but_an_ended_run_is_not(
     held = kind.owned(live_owner)
     assert [r.name for r in held] == ["runner"]
 
-    assert all(o.refused for o in kind.remove(live_owner, held, dry_run=False))
+    assert all(o.refused for o in kind.reap(live_owner, held, dry_run=False))
     assert present(engine, "network", "runnet")
     # `exitwatch run` is the owner, alive, when its command and descendants have ended.
-    outcomes = kind.remove_ended(live_owner, held, dry_run=False)
+    outcomes = kind.remove(live_owner, held, dry_run=False, how="the run ended")
     assert all(o.ok for o in outcomes) and len(outcomes) == 2
     assert kind.owned(live_owner) == [] and not present(engine, "network", "runnet")
 
@@ -98,7 +98,7 @@ def test_one_used_by_any_other_container_stays(engine: PrivateEngine, kind: Cont
     api.create_volume("sharedvol", labels=mine)
     api.start(make(engine, "stranger", {}, "sharednet", "sharedvol"))
 
-    outcomes = kind.remove(dead, [], dry_run=False)
+    outcomes = kind.reap(dead, [], dry_run=False)
 
     said = {o.what: (o.ok, o.refused, o.detail) for o in outcomes}
     why = "in use by containers: stranger"
@@ -119,7 +119,7 @@ def test_those_of_a_project_not_removed_whole_stay(
     # rule, not the in-use check, keeps evalproj_default.
     make(engine, "evalproj_web_1", {LABEL_OWNER: str(live_owner)} | project, "bridge", "webvol")
 
-    outcomes = kind.remove(dead, kind.owned(dead), dry_run=False)
+    outcomes = kind.reap(dead, kind.owned(dead), dry_run=False)
 
     said = {o.what: (o.ok, o.refused, o.detail) for o in outcomes}
     why = "compose project evalproj was not removed as a whole"

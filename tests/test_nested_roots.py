@@ -29,7 +29,7 @@ def test_a_marked_inner_root_is_found_but_never_removed(workroot):
     kind = Workdirs([str(workroot), str(inner)])
     found = {r.key: r for r in kind.scan().resources}
     assert set(found) == {str(inner), str(other)}
-    outs = kind.remove(owner, [found[str(inner)], found[str(other)]], dry_run=False)
+    outs = kind.reap(owner, [found[str(inner)], found[str(other)]], dry_run=False)
     by_what = {o.what: o for o in outs}
     refused = by_what[f"workdir {inner}"]
     assert refused.refused and not refused.ok

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -53,7 +54,7 @@ class Listed(ResourceKind):
     def stop(self) -> None:
         pass
 
-    def remove(self, owner, resources, dry_run) -> list[Outcome]:
+    def remove(self, owner, resources, dry_run, how) -> list[Outcome]:
         self.calls.append([r.key for r in resources])
         self.removal.wait(10)
         return [
@@ -103,8 +104,8 @@ def test_a_given_up_resource_is_removed_by_the_next_reconcile(running):
     counters = agent.counters()
     assert counters["reconciles"] >= 2  # the start-up one, and a periodic one
     assert counters["reconcile_missed"] >= 1
-    last = agent.ask(agent.reconciling)["last"]
-    assert last["run"] >= 1 and last["listed"] == 1
+    last = agent.ask(lambda: agent.periodic.last)
+    assert last.run >= 1 and last.listed == 1
 
 
 def test_what_was_given_up_and_is_gone_is_no_longer_shown_as_given_up(running):
@@ -113,7 +114,7 @@ def test_what_was_given_up_and_is_gone_is_no_longer_shown_as_given_up(running):
     kind.listing = (thing("stuck"),)
     agent = running(kind, reap_attempts=1, reconcile_interval=1)
     wait_for(lambda: agent.counters()["gave_up"] == 1, what="the agent to give up")
-    assert [p["state"] for p in agent.ask(agent.pending)] == ["given up"]
+    assert [p.state for p in agent.ask(agent.pending)] == ["given up"]
     kind.listing = ()  # removed by hand meanwhile
     wait_for(lambda: agent.ask(agent.pending) == [], what="the given-up entry pruned")
 
@@ -130,8 +131,8 @@ def test_a_kind_without_its_start_up_listing_holds_up_no_reconcile(running):
     kind.listing = (thing("orphan"),)
     agent = running(kind, reconcile_interval=1)
     wait_for(lambda: kind.calls == [["orphan"]], what="a periodic reconcile to reap it")
-    last = agent.ask(agent.reconciling)["last"]
-    assert last["errors"] == ["thing: no start-up listing yet"]
+    last = agent.ask(lambda: agent.periodic.last)
+    assert last.errors == ("thing: no start-up listing yet",)
     assert agent.counters()["reconcile_errors"] >= 1
 
 
@@ -181,7 +182,7 @@ def test_the_exit_path_goes_on_while_it_lists(running):
     wait_for(kind.scanning.is_set, what="a periodic reconcile to begin listing")
     agent.submit(Found(thing("orphan")))
     wait_for(lambda: kind.calls == [["orphan"]], what="the removal, while the scan is held")
-    assert agent.ask(agent.reconciling)["running"]
+    assert agent.ask(lambda: agent.periodic.running)
     kind.release.set()
 
 
@@ -189,7 +190,7 @@ def test_off_means_only_the_start_up_listing(running):
     kind = Listed()
     agent = running(kind, reconcile_interval=0)
     wait_for(lambda: agent.counters()["reconciles"] == 1, what="the start-up listing")
-    assert agent.ask(agent.reconciling)["next_in_s"] is None
+    assert agent.ask(lambda: agent.periodic.next_in(time.monotonic())) is None
     assert kind.scans == 0
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from exitwatch import mark_workdir
 from exitwatch.cli import _since
-from exitwatch.service.status import SEND_TIMEOUT, query, render
+from exitwatch.service.status.server import SEND_TIMEOUT, query
+from exitwatch.service.status.text import render
 
 from agentproc import Agents, agent_argv, container, wait_gone
 from procs import kill, spawn_owner, wait_for

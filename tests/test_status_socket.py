@@ -8,7 +8,7 @@ import os
 import struct
 from pathlib import Path
 
-from exitwatch.service.status import SOCKET_MODE, StatusServer, query
+from exitwatch.service.status.server import SOCKET_MODE, StatusServer, query
 
 IN_ATTRIB = 0x00000004
 IN_CREATE = 0x00000100

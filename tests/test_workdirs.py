@@ -228,7 +228,7 @@ def test_each_outcome_names_its_workdir(root: Path, owner: Owner) -> None:
     """So that only the workdirs that failed are retried, not every one of the job."""
     paths = {str(marked(root / "a")), str(marked(root / "b"))}
     kind = Workdirs([str(root)])
-    outcomes = kind.remove(owner, list(kind.scan().resources), dry_run=False)
+    outcomes = kind.reap(owner, list(kind.scan().resources), dry_run=False)
     assert {o.key for o in outcomes} == paths and all(o.ok for o in outcomes)
 
 
@@ -346,7 +346,7 @@ def test_log_lines_show_control_characters_in_paths_escaped(
     evil = marked(root / "x\nWARNING exitwatch: reaped \x1b[2J", b"{")
     kind = Workdirs([str(root)])
     assert keys(kind.scan()) == set()
-    [out] = kind.remove(owner, [resource(evil, owner)], dry_run=False)
+    [out] = kind.reap(owner, [resource(evil, owner)], dry_run=False)
     assert out.refused and out.what == f"workdir {str(evil)!r}"
 
     scanned, removed = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -769,11 +769,11 @@ def test_remove_removes_a_workdir_and_everything_in_it(
     (wd / "dangling").symlink_to("/nonexistent")
     os.mkfifo(wd / "fifo")
 
-    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(wd, owner)], dry_run=False)
 
     assert (out.ok, out.detail, out.kind, out.what) == (True, "removed", "workdir", f"workdir {wd}")
     assert not wd.exists() and (root / "a").is_dir()
-    [again] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    [again] = Workdirs([str(root)]).reap(owner, [resource(wd, owner)], dry_run=False)
     assert (again.ok, again.detail) == (True, "already gone")
 
 
@@ -788,7 +788,7 @@ def test_remove_empties_a_tree_deeper_than_the_recursion_limit(root: Path, owner
     os.close(os.open("leaf", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
     os.close(fd)
 
-    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(wd, owner)], dry_run=False)
     assert (out.ok, out.detail) == (True, "removed")
     assert not wd.exists()
 
@@ -804,7 +804,7 @@ def test_remove_leaves_symlink_and_hard_link_targets_alone(
     (wd / "nested" / "deeper-link").symlink_to(victim / "sub")
     os.link(victim / "precious", wd / "hard-link")
 
-    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(wd, owner)], dry_run=False)
 
     assert out.ok and not wd.exists()
     assert digest(victim) == before
@@ -821,7 +821,7 @@ def test_remove_never_enters_a_bind_mount_and_says_so(
     # Same filesystem: st_dev cannot tell, only openat2 or the mount id can.
     subprocess.run(["mount", "--bind", str(victim), str(wd / "mnt")], check=True)
 
-    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(wd, owner)], dry_run=False)
 
     assert not out.ok and out.refused
     assert "mnt" in out.detail and "mount point" in out.detail
@@ -843,7 +843,7 @@ def test_remove_refuses_a_workdir_that_is_itself_a_mount_point(
     (root / "wd").mkdir()
     subprocess.run(["mount", "--bind", str(victim / "sub"), str(root / "wd")], check=True)
 
-    [out] = Workdirs([str(root)]).remove(
+    [out] = Workdirs([str(root)]).reap(
         owner, [resource(root / "wd" / "deeper", owner)], dry_run=False
     )
     assert out.refused and "mount point" in out.detail
@@ -875,7 +875,7 @@ def test_remove_refuses_when_the_workdir_or_a_parent_became_a_symlink(
         str(victim),
     )
 
-    outs = kind.remove(
+    outs = kind.reap(
         owner, [resource(root / "wd", owner), resource(root / "p" / "wd", owner)], dry_run=False
     )
 
@@ -899,7 +899,7 @@ def test_remove_refuses_a_marker_not_owned_by_the_directory_owner(
         json.dumps({"owner": str(owner)}),
     )
 
-    [out] = Workdirs([str(root)]).remove(owner, [resource(other, owner)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(other, owner)], dry_run=False)
 
     assert out.refused and "uid" in out.detail
     assert (other / "keep").read_text() == "mine"
@@ -910,7 +910,7 @@ def test_remove_refuses_a_hard_linked_marker(root: Path, owner: Owner) -> None:
     dead = marked(root / "dead")
     (root / "other").mkdir()
     os.link(dead / MARKER, root / "other" / MARKER)
-    outs = Workdirs([str(root)]).remove(
+    outs = Workdirs([str(root)]).reap(
         owner, [resource(dead, owner), resource(root / "other", owner)], dry_run=False
     )
     assert all(o.refused and "hard links" in o.detail for o in outs), outs
@@ -921,7 +921,7 @@ def test_remove_accepts_a_root_owned_marker_in_a_user_directory(
 ) -> None:
     run_as(attacker, 'mkdir "$1/users" && touch "$1/users/file"', str(root))
     write_marker(root / "users", owner)  # root marks it, as an agent-side runner would
-    [out] = Workdirs([str(root)]).remove(owner, [resource(root / "users", owner)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(root / "users", owner)], dry_run=False)
     assert out.ok and not (root / "users").exists()
 
 
@@ -933,7 +933,7 @@ def test_remove_refuses_a_root_and_paths_outside_the_roots(
     kind = Workdirs([str(root)], depth=2)
     tries = [root, elsewhere, root / ".." / root.name / "x", root / "a" / "b" / "c"]
 
-    outs = kind.remove(owner, [resource(p, owner) for p in tries], dry_run=False)
+    outs = kind.reap(owner, [resource(p, owner) for p in tries], dry_run=False)
 
     assert [o.refused for o in outs] == [True] * 4, outs
     assert "root" in outs[0].detail
@@ -943,7 +943,7 @@ def test_remove_refuses_a_root_and_paths_outside_the_roots(
 def test_remove_refuses_a_marker_naming_another_owner(root: Path, owner: Owner) -> None:
     wd = marked(root / "wd")
     someone = Owner(current_boot_id(), 1, 1)
-    [out] = Workdirs([str(root)]).remove(someone, [resource(wd, someone)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(someone, [resource(wd, someone)], dry_run=False)
     assert out.refused and str(owner) in out.detail
     assert (wd / MARKER).exists()
 
@@ -952,7 +952,7 @@ def test_remove_refuses_a_missing_or_malformed_marker(root: Path, owner: Owner) 
     bare = root / "bare"
     bare.mkdir()
     bad = marked(root / "bad", b"{")
-    outs = Workdirs([str(root)]).remove(
+    outs = Workdirs([str(root)]).reap(
         owner, [resource(bare, owner), resource(bad, owner)], dry_run=False
     )
     assert [o.refused for o in outs] == [True, True]
@@ -970,7 +970,7 @@ def test_remove_keeps_a_nested_workdir_of_another_owner_while_it_lives(
     (nested / "data").write_text("stays")
     dead = marked(wd / "dead", json.dumps({"owner": str(Owner(current_boot_id(), 1, 1))}).encode())
 
-    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(wd, owner)], dry_run=False)
 
     assert out.refused and "theirs" in out.detail and "who is alive" in out.detail
     assert (nested / "data").read_text() == "stays"
@@ -983,7 +983,7 @@ def test_dry_run_touches_nothing(root: Path, owner: Owner) -> None:
     wd = marked(root / "wd")
     (wd / "f").write_text("x")
     before = digest(root)
-    [out] = Workdirs([str(root)]).remove(owner, [resource(wd, owner)], dry_run=True)
+    [out] = Workdirs([str(root)]).reap(owner, [resource(wd, owner)], dry_run=True)
     assert (out.ok, out.detail) == (True, "would remove")
     assert digest(root) == before
 
@@ -1029,7 +1029,7 @@ def test_remove_survives_an_attacker_swapping_symlinks_in_a_loop(
         try:
             # Only once the swaps are under way does the removal race them.
             assert swapper.stdout is not None and swapper.stdout.readline() == b"swapping\n"
-            [out] = kind.remove(owner, [resource(wd, owner)], dry_run=False)
+            [out] = kind.reap(owner, [resource(wd, owner)], dry_run=False)
         finally:
             swapper.send_signal(signal.SIGKILL)
             swapper.wait()
@@ -1045,7 +1045,7 @@ def test_remove_never_raises_for_one_failure(root: Path, owner: Owner) -> None:
     subprocess.run(["chattr", "+i", str(wd / "stuck")], check=True)
     try:
         good = marked(root / "good")
-        outs = Workdirs([str(root)]).remove(
+        outs = Workdirs([str(root)]).reap(
             owner, [resource(wd, owner), resource(good, owner)], dry_run=False
         )
     finally:
@@ -1059,7 +1059,7 @@ def test_remove_refuses_while_the_owner_lives(root: Path) -> None:
     wd = root / "live"
     wd.mkdir()
     write_marker(wd, alive)
-    [out] = Workdirs([str(root)]).remove(alive, [resource(wd, alive)], dry_run=False)
+    [out] = Workdirs([str(root)]).reap(alive, [resource(wd, alive)], dry_run=False)
     assert out.refused and not out.ok and "alive" in out.detail
     assert (wd / MARKER).exists()
 

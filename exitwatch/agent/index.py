@@ -41,22 +41,6 @@ class Index:
     def resources(self, owner: Owner) -> list[Resource]:
         return list(self._held.get(owner, {}).values())
 
-    def describe(self, owner: Owner) -> dict:
-        """What status shows of one owner."""
-        held = self.resources(owner)
-        return {
-            "owner": str(owner),
-            "pid": owner.pid,
-            "containers": [
-                {"id": r.key, "name": r.name, "project": r.group}
-                for r in held
-                if r.kind == "container"
-            ],
-            "workdirs": sorted(r.key for r in held if r.kind == "workdir"),
-            "hooks": sorted(r.name or r.key for r in held if r.kind == "hook"),
-            "processes": sorted(r.name for r in held if r.kind == "process"),
-        }
-
     def add(self, res: Resource) -> tuple[bool, Owner | None]:
         """Index `res`.
 

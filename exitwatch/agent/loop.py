@@ -14,7 +14,7 @@ from exitwatch import shutdown
 from exitwatch.agent.index import Index
 from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.agent.record import Recorder
-from exitwatch.agent.removals import Done, Removals
+from exitwatch.agent.removals import Done, Pending, Removals
 from exitwatch.agent.settings import Settings
 from exitwatch.kinds.base import Found, Gone, ResourceKind, Snapshot
 from exitwatch.owner import Owner, death, describe_status
@@ -361,11 +361,8 @@ class Agent:
 
     # -- what status and metrics see (call through ask()) ---------------------------------
 
-    def pending(self) -> list[dict]:
+    def pending(self) -> list[Pending]:
         return self._removals.pending()
-
-    def owners(self) -> list[dict]:
-        return [self.index.describe(owner) for owner in sorted(self.index.owners())]
 
     def counters(self) -> dict[str, int]:
         counters = dict.fromkeys(COUNTERS, 0)
@@ -381,15 +378,16 @@ class Agent:
             "owners": len(self.index),
             "resources": dict(+self.index.counts),
             "pending": len(jobs),
-            # An on-death hook may rightly run for an hour or wait on a runner's lock: its age
-            # says nothing of a removal hanging, which is what this gauge is watched for.
+            # Only kinds whose long removal says something hangs (not hooks): that is what
+            # this gauge is watched for.
             "oldest_pending": max(
-                (time.monotonic() - job.at for job in jobs if job.kind.kind != "hook"),
+                (time.monotonic() - job.at for job in jobs if job.kind.ages_pending),
                 default=0.0,
             ),
-            "last_reconcile": last["at"] if last else 0,
+            "last_reconcile": round(last.at, 3) if last else 0,
             "reconcile_interval": self._periodic.interval,
         }
 
-    def reconciling(self) -> dict:
-        return self._periodic.describe()
+    @property
+    def periodic(self) -> Periodic:
+        return self._periodic

@@ -30,6 +30,19 @@ RECONCILE_COUNTERS = ("reconciles", "reconcile_missed", "reconcile_errors")
 
 
 @dataclass(frozen=True)
+class Last:
+    """What the last reconcile found (status shows it)."""
+
+    at: float  # unix time it ended
+    run: int  # 0: the start-up listing; then 1, 2, ...
+    took: float = 0.0  # seconds its listings took
+    listed: int = 0  # resources listed
+    missed: int = 0  # of them, unknown to the index
+    orphaned: int = 0  # of those, of dead owners (being removed now)
+    errors: tuple[str, ...] = ()  # the kinds it could not list, and why
+
+
+@dataclass(frozen=True)
 class Scanned:
     """What one periodic reconcile listed, and what it could not list."""
 
@@ -56,7 +69,7 @@ class Periodic:
         # and the kinds a watcher's own Snapshot has superseded.
         self._journal: dict[tuple[str, str], Resource | None] = {}
         self._superseded: set[str] = set()
-        self.last: dict | None = None
+        self.last: Last | None = None
 
     def start(self, submit: Callable[[object], None]) -> None:
         """Reconcile periodically from now on (the one-shot reap never calls this): not
@@ -69,7 +82,7 @@ class Periodic:
     def ready(self, now: float, recorder: Recorder) -> None:
         """The start-up listing is in: it counts as a reconcile, the next due from now."""
         recorder.count("reconciles")
-        self.last = {"at": round(time.time(), 3), "run": 0, "start_up": True}
+        self.last = Last(at=time.time(), run=0)
         if self.interval > 0:
             self._next = now + self.interval
 
@@ -145,15 +158,15 @@ class Periodic:
         recorder.count("reconcile_missed", missed)
         if scanned.errors:
             recorder.count("reconcile_errors")
-        self.last = {
-            "at": round(time.time(), 3),
-            "run": scanned.run,
-            "took_s": round(scanned.took, 3),
-            "listed": listed,
-            "missed": missed,
-            "orphaned": orphaned,
-            "errors": list(scanned.errors),
-        }
+        self.last = Last(
+            at=time.time(),
+            run=scanned.run,
+            took=scanned.took,
+            listed=listed,
+            missed=missed,
+            orphaned=orphaned,
+            errors=scanned.errors,
+        )
         problems = f"; could not list {'; '.join(scanned.errors)}" if scanned.errors else ""
         log.log(
             logging.WARNING if missed or scanned.errors else logging.INFO,
@@ -166,13 +179,13 @@ class Periodic:
             problems,
         )
 
-    def describe(self) -> dict:
-        """What status shows: the interval, the last reconcile, when the next is due."""
-        now = time.monotonic()
-        next_in = None if self._next is None else round(max(0.0, self._next - now), 1)
-        return {
-            "interval_s": self.interval,
-            "running": self._scanning is not None,
-            "next_in_s": next_in if self.interval > 0 else None,
-            "last": self.last,
-        }
+    @property
+    def running(self) -> bool:
+        """Whether a reconcile is listing now."""
+        return self._scanning is not None
+
+    def next_in(self, now: float) -> float | None:
+        """Seconds until the next reconcile is due; None when none is (interval 0)."""
+        if self._next is None or self.interval <= 0:
+            return None
+        return max(0.0, self._next - now)

@@ -55,9 +55,10 @@ class Recorder:
         with self._lock:
             return dict(self._counters)
 
-    def reaps(self) -> list[dict]:
+    def reaps(self) -> list[Reap]:
+        """The recent removals, oldest first."""
         with self._lock:
-            return [asdict(r) for r in self.recent]
+            return list(self.recent)
 
     def outcome(
         self, owner: Owner, death: str, outcome: Outcome, latency: float, dry_run: bool = False

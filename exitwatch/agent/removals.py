@@ -44,18 +44,14 @@ class Job:
     at: float  # monotonic time the death was first noticed
     attempt: int = 1
 
-    def describe(self, state: str, due: float | None = None) -> dict:
-        item = {
-            "owner": str(self.owner),
-            "death": self.death,
-            "kind": self.kind.kind,
-            "what": [r.name or r.key for r in self.resources],
-            "attempt": self.attempt,
-            "state": state,
-        }
-        if due is not None:
-            item["retry_in_s"] = round(max(0.0, due - time.monotonic()), 1)
-        return item
+
+@dataclass(frozen=True)
+class Pending:
+    """A job as status shows it: running, waiting to retry, or given up."""
+
+    job: Job
+    state: str  # "removing", "waiting to retry", "given up"
+    due: float | None = None  # monotonic time of its next attempt, while it waits
 
 
 @dataclass(frozen=True)
@@ -158,11 +154,11 @@ class Removals:
         """The jobs running or waiting to retry."""
         return [job for _, job in self._running.values()] + [job for _, _, job in self._retries]
 
-    def pending(self) -> list[dict]:
-        items = [job.describe("removing") for _, job in self._running.values()]
-        items += [job.describe("waiting to retry", due) for due, _, job in sorted(self._retries)]
+    def pending(self) -> list[Pending]:
+        items = [Pending(job, "removing") for _, job in self._running.values()]
+        items += [Pending(job, "waiting to retry", due) for due, _, job in sorted(self._retries)]
         given_up = {id(job): job for job in self._given_up.values()}
-        items += [job.describe("given up") for job in given_up.values()]
+        items += [Pending(job, "given up") for job in given_up.values()]
         return items
 
     def _start(self, job: Job) -> None:

@@ -8,7 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from exitwatch.owner import Owner
+from exitwatch.owner import Owner, death
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Snapshot:
 
     kind: str
     resources: tuple[Resource, ...]
+    skipped: int = 0  # what the scan warned of, malformed or in doubt (the workdir kind)
 
 
 Change = Found | Gone | Snapshot
@@ -78,10 +79,14 @@ class Outcome:
 class ResourceKind(abc.ABC):
     """One kind of resource: list it, watch it for changes, remove it."""
 
-    kind: str
+    kind: str  # the kind's KIND: "container", "workdir", "hook", "process"
     # Where its removals run: None for the agent's shared pool. A kind whose removals may
     # take long (a hook runs up to its timeout) brings its own, so they hold up no other.
     executor: Executor | None = None
+    # Whether a removal under way for long says something is wrong (a hung engine, a frozen
+    # filesystem): the oldest-pending alert watches for it. A hook may rightly run for an
+    # hour, or wait for a runner's lock.
+    ages_pending: bool = True
 
     @abc.abstractmethod
     def scan(self) -> Snapshot:
@@ -91,19 +96,38 @@ class ResourceKind(abc.ABC):
     def start(self, notify: Notify) -> None:
         """Spawn a thread that reports a Snapshot first, then Found/Gone changes."""
 
+    def reap(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str = ""
+    ) -> list[Outcome]:
+        """Remove what the dead `owner` had, `how` it died (default: as /proc says now).
+
+        The agent judged the owner on its own thread a moment ago: nothing is removed on a
+        verdict that is not this one's, so every kind's removal starts with this check.
+        """
+        why = death(owner)
+        if why is None:
+            return [self.refused(r, f"its owner {owner} is alive") for r in resources]
+        return self.remove(owner, resources, dry_run, how or why)
+
     @abc.abstractmethod
-    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        """Remove what the dead `owner` had. Idempotent: already gone counts as done.
+    def remove(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
+        """Remove what `owner` held once its run is over: reap() calls it when the owner is
+        proven dead, `exitwatch run` (the owner itself) when its command and all its
+        descendants are. Idempotent: already gone counts as done.
 
         Check again just before each destructive step; never raise for one resource's
         failure, report it in its Outcome.
         """
 
-    def reap(
-        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
-    ) -> list[Outcome]:
-        """remove(), told how the owner died (a kind that passes it on overrides this)."""
-        return self.remove(owner, resources, dry_run)
+    def what(self, res: Resource) -> str:
+        """One resource, for people: "workdir /tmp/x", "hook 3f2a…: curl …"."""
+        return f"{self.kind} {res.name or res.key}"
+
+    def refused(self, res: Resource, why: str) -> Outcome:
+        """The refusal of one resource, left alone on purpose."""
+        return Outcome.refusal(self.what(res), self.kind, why, key=res.key)
 
     @abc.abstractmethod
     def stop(self) -> None:

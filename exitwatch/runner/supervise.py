@@ -37,6 +37,7 @@ KILL_WAIT = 5.0  # seconds to wait for leftovers to die of SIGKILL before saying
 SETUP_FAILED = 125  # the wrapper could not run CMD at all, as timeout(1) and env(1) say
 SOCKET_BASES = ("XDG_RUNTIME_DIR",)  # short directories for the socket, before /tmp
 PREFIX = "exitwatch-run-"
+ENDED = "the run ended"  # how the owner "died", for the removal code it reuses
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -258,7 +259,7 @@ def _cleanup(owner: Owner, engine: str, made: list[str]) -> None:
     docker = Containers(host=f"unix://{engine}")
     try:
         try:
-            outcomes += docker.remove_ended(owner, docker.owned(owner), dry_run=False)
+            outcomes += docker.remove(owner, docker.owned(owner), dry_run=False, how=ENDED)
         except EngineError as err:
             # Nothing can have been created through the socket if the engine never answered.
             if docker.ping() is None:
@@ -267,7 +268,9 @@ def _cleanup(owner: Owner, engine: str, made: list[str]) -> None:
         docker.stop()
     for path in made:
         dirs = Workdirs(roots=(os.path.dirname(path),), depth=1)
-        outcomes += dirs.remove_ended(owner, [Resource(KIND, path, owner, path)], dry_run=False)
+        outcomes += dirs.remove(
+            owner, [Resource(KIND, path, owner, path)], dry_run=False, how=ENDED
+        )
     for o in outcomes:
         if not o.ok:
             _say(f"{o.what} left in place: {o.detail}")

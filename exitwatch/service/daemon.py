@@ -14,20 +14,22 @@ from exitwatch.agent.audit import AuditLog
 from exitwatch.agent.loop import Agent
 from exitwatch.agent.record import Recorder
 from exitwatch.kinds.base import ResourceKind
+from exitwatch.kinds.docker.kind import KIND as CONTAINER
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.kinds.hooks.kind import Hooks
 from exitwatch.kinds.processes.kind import Processes
 from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.service.config import Config, ConfigError
-from exitwatch.service.status import SCHEMA, StatusServer
+from exitwatch.service.status import build
+from exitwatch.service.status.server import StatusServer
 from exitwatch.service.systemd import Notifier
 from exitwatch.sources import pick
 
 log = logging.getLogger(__name__)
 
 
-def make_kinds(config: Config) -> list[ResourceKind]:
-    """The resource kinds, containers first.
+def make_kinds(config: Config) -> dict[str, ResourceKind]:
+    """The resource kinds, by name.
 
     Raises ConfigError for an engine that is not a local socket (DOCKER_HOST may name
     one): owners of another host carry another boot id, which reads as "rebooted".
@@ -38,11 +40,14 @@ def make_kinds(config: Config) -> list[ResourceKind]:
             "docker_host: expected a local engine's unix:// socket (owners are processes of "
             f"this host), got {containers.host!r}"
         )
-    workdirs = Workdirs(config.workdir_roots, config.workdir_depth)
-    kinds = [containers, workdirs, Hooks(config.hook_dir)]
-    if not config.kill_leftovers:
-        return kinds
-    return [*kinds, Processes(config.leftovers_interval)]
+    kinds = [
+        containers,
+        Workdirs(config.workdir_roots, config.workdir_depth),
+        Hooks(config.hook_dir),
+    ]
+    if config.kill_leftovers:
+        kinds.append(Processes(config.leftovers_interval))
+    return {kind.kind: kind for kind in kinds}
 
 
 class Service:
@@ -82,7 +87,7 @@ class Service:
         kinds = make_kinds(config)
         agent = Agent(
             config,
-            kinds,
+            kinds.values(),
             source,
             recorder,
             watchdog=self.notifier.ping,
@@ -102,11 +107,12 @@ class Service:
             if config.metrics_addr:
                 from exitwatch.service.metrics import Metrics
 
-                metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, kinds[0]))
+                docker = kinds[CONTAINER]
+                metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, docker))
                 recorder.observe = metrics.observe
                 closers.append(metrics.close)
             server = StatusServer(
-                config.status_socket, lambda: _status(agent, kinds, recorder, info)
+                config.status_socket, lambda: build.of_agent(agent, kinds, recorder, info)
             )
             closers.append(server.close)
             self._agent = agent
@@ -131,31 +137,6 @@ class Service:
                 closers.pop()()
             if audit is not None:
                 audit.close()
-
-
-def _status(agent: Agent, kinds: list[ResourceKind], recorder: Recorder, info: dict) -> dict:
-    try:
-        body = agent.ask(
-            lambda: {
-                "owners": agent.owners(),
-                "pending": agent.pending(),
-                "reconcile": agent.reconciling(),
-            }
-        )
-    except TimeoutError:
-        body = {"owners": [], "pending": [], "busy": "the agent's loop did not answer in time"}
-    # the leftover-process rescans, when that kind is on (kill_leftovers)
-    rescans = [k.health() for k in kinds if k.kind == "process"]
-    return {
-        "schema": SCHEMA,
-        "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
-        "docker": kinds[0].health(),
-        "workdirs": kinds[1].health(),
-        **({"processes": rescans[0]} if rescans else {}),
-        **body,
-        "reaps": recorder.reaps(),
-        "counters": agent.counters(),
-    }
 
 
 def _metrics_state(agent: Agent, docker: ResourceKind) -> dict:

@@ -33,7 +33,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
-def setup(fmt: str = "text") -> None:
+def setup(fmt: str = "text", level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
@@ -41,4 +41,4 @@ def setup(fmt: str = "text") -> None:
         handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    root.setLevel(level)

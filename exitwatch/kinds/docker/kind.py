@@ -30,6 +30,8 @@ from exitwatch.owner import Owner, OwnerError, death
 
 log = logging.getLogger(__name__)
 
+KIND = "container"
+
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
@@ -41,11 +43,7 @@ SINCE_MARGIN_NS = 100_000_000
 def _container(cid: str, name: str, project: str | None) -> dict[str, Any]:
     """What an Outcome says of one container: the words for people, and the audit's ids."""
     extra = {"id": cid, "project": project}
-    return {"what": f"container {cid[:12]} ({name})", "kind": "container", "extra": extra}
-
-
-def _refused(r: Resource, why: str) -> Outcome:
-    return Outcome.refusal(why=why, **_container(r.key, r.name, r.group))
+    return {"what": f"container {cid[:12]} ({name})", "kind": KIND, "extra": extra}
 
 
 def _owner(cid: str, name: str, labels: dict[str, str], then: str) -> Owner | None:
@@ -70,13 +68,13 @@ def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
     owner = None if kept(labels) else _owner(cid, name, labels, "skipped")
     if owner is None:
         return None
-    return Resource("container", cid, owner, name, labels.get(LABEL_COMPOSE_PROJECT) or None)
+    return Resource(KIND, cid, owner, name, labels.get(LABEL_COMPOSE_PROJECT) or None)
 
 
 def _snapshot(engine: Engine) -> Snapshot:
     listed = engine.each_container(LABEL_OWNER)
     found = (_resource(c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
-    return Snapshot("container", tuple(r for r in found if r is not None))
+    return Snapshot(KIND, tuple(r for r in found if r is not None))
 
 
 class Containers(ResourceKind):
@@ -87,7 +85,7 @@ class Containers(ResourceKind):
     (why it was last lost, or None).
     """
 
-    kind = "container"
+    kind = KIND
 
     def __init__(
         self, host: str | None = None, timeout: float = TIMEOUT, workers: int = WORKERS
@@ -223,16 +221,18 @@ class Containers(ResourceKind):
 
     # -- removal -------------------------------------------------------------------------------
 
-    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        if death(owner) is None:
-            return [_refused(r, f"owner {owner} is alive") for r in resources]
-        return self.remove_ended(owner, resources, dry_run)
+    def refused(self, res: Resource, why: str) -> Outcome:
+        return Outcome.refusal(why=why, key=res.key, **_container(res.key, res.name, res.group))
 
-    def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        """Remove what `owner` held once its run is over: the agent calls it when the owner
-        is dead, `exitwatch run` (the owner itself) when its command and all descendants are."""
+    def remove(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
+        """Compose projects go as a whole (see _plan_project); networks and volumes once no
+        container uses them (networks.py)."""
         outcomes = [
-            _refused(r, f"owned by {r.owner}, not {owner}") for r in resources if r.owner != owner
+            self.refused(r, f"owned by {r.owner}, not {owner}")
+            for r in resources
+            if r.owner != owner
         ]
         mine = [r for r in resources if r.owner == owner]
         # id -> (name, project): everything that goes, decided before anything is removed.

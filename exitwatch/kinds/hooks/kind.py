@@ -39,7 +39,7 @@ from exitwatch.kinds.hooks.file import (
     read_hook,
 )
 from exitwatch.kinds.hooks.spool import Spool
-from exitwatch.owner import Owner, death
+from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class Hooks(ResourceKind):
     """The hooks in one spool directory."""
 
     kind = KIND
+    ages_pending = False  # a hook may rightly run for up to an hour
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -171,30 +172,23 @@ class Hooks(ResourceKind):
 
     # Running ("removal")
 
-    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        return self.reap(owner, resources, dry_run, death(owner) or "")
-
-    def reap(
+    def remove(
         self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
     ) -> list[Outcome]:
-        # As for the other kinds: nothing runs on a verdict that is not this one's.
-        if death(owner) is None:
-            why = f"its owner {owner} is alive"
-            return [Outcome.refusal(_what(r), KIND, why, key=r.key) for r in resources]
         try:
             dir_fd = os.open(self.path, SPOOL_OPEN)
         except OSError as err:
             why = f"failed: spool {printable(self.path)}: {err.strerror}"
-            return [Outcome.failed(_what(r), KIND, why, key=r.key) for r in resources]
+            return [Outcome.failed(self.what(r), KIND, why, key=r.key) for r in resources]
 
         def one(res: Resource) -> Outcome:
             # Each says which hook it is about, so that only the hooks that failed are retried.
             try:
                 outcome = self._run_one(dir_fd, owner, res, dry_run, how)
             except Exception as err:  # one hook's surprise must not cost the others theirs
-                log.error("%s: cannot run: %s: %s", _what(res), type(err).__name__, err)
+                log.error("%s: cannot run: %s: %s", self.what(res), type(err).__name__, err)
                 why = f"failed: {type(err).__name__}: {err}"
-                outcome = Outcome.failed(_what(res), KIND, why, counts=("hook_failures",))
+                outcome = Outcome.failed(self.what(res), KIND, why, counts=("hook_failures",))
             return replace(outcome, key=res.key)
 
         try:
@@ -209,7 +203,7 @@ class Hooks(ResourceKind):
     def _run_one(
         self, dir_fd: int, owner: Owner, res: Resource, dry_run: bool, how: str
     ) -> Outcome:
-        what = _what(res)
+        what = self.what(res)
         try:
             hook, body, fd = read_hook(dir_fd, res.key)
         except FileNotFoundError:
@@ -301,10 +295,6 @@ def _lock(fd: int, wait: float) -> bool:
                 return False
         time.sleep(pause)  # a lock has no wakeup to wait on but a blocking flock, unbounded
         pause = min(pause * 2, 1.0)
-
-
-def _what(res: Resource) -> str:
-    return f"hook {res.name or res.key}"
 
 
 def _refuse(what: str, why: str) -> Outcome:

@@ -298,10 +298,12 @@ class Processes(ResourceKind):
 
     # Removal
 
-    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        if death(owner) is None:
-            why = f"its owner {owner} is alive"
-            return [Outcome.refusal(r.name, KIND, why) for r in resources]
+    def what(self, res: Resource) -> str:
+        return res.name  # "process PID (comm)"
+
+    def remove(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
         uid = self._seen.uid(owner)
         # Every SIGKILL is sent first, then all are waited for at once: a run's leftovers
         # die together, in one EXIT_WAIT at most rather than one each.

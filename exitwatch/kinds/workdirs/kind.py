@@ -67,7 +67,7 @@ class Workdirs(ResourceKind):
         if tree.transient:
             first = printable(os.path.join(min(tree.transient), MARKER))
             raise OSError(f"{len(tree.transient)} markers unreadable now, {first} the first")
-        return Snapshot(KIND, tuple(found[p] for p in sorted(found)))
+        return Snapshot(KIND, tuple(found[p] for p in sorted(found)), tree.warned())
 
     def start(self, notify: Notify) -> None:
         tree = self._followed = Tree(self.roots, self.depth)
@@ -79,16 +79,12 @@ class Workdirs(ResourceKind):
 
     # Removal
 
-    def remove(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        # The agent judged the owner on its own thread a moment ago; as for containers,
-        # nothing is deleted on a verdict that is not this one's.
-        if death(owner) is None:
-            why = f"its owner {owner} is alive"
-            return [Outcome.refusal(f"workdir {printable(r.key)}", KIND, why) for r in resources]
-        return self.remove_ended(owner, resources, dry_run)
+    def what(self, res: Resource) -> str:
+        return _what(res.key)
 
-    def remove_ended(self, owner: Owner, resources: list[Resource], dry_run: bool) -> list[Outcome]:
-        """Remove `owner`'s workdirs once its run is over (see Containers.remove_ended)."""
+    def remove(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
         # Each names its workdir, so that only the ones that failed are retried.
         return [
             dataclasses.replace(self._remove_one(owner, res.key, dry_run), key=res.key)
@@ -96,7 +92,7 @@ class Workdirs(ResourceKind):
         ]
 
     def _remove_one(self, owner: Owner, path: str, dry_run: bool) -> Outcome:
-        what = f"workdir {printable(path)}"  # for people, and for log lines
+        what = _what(path)  # for people, and for log lines
         try:
             root, parts = self._locate(path)
             try:
@@ -181,6 +177,10 @@ class Workdirs(ResourceKind):
         return Outcome(
             what=what, kind=KIND, ok=False, detail=detail, refused=kept, extra={"left": lines}
         )
+
+
+def _what(path: str) -> str:
+    return f"workdir {printable(path)}"
 
 
 def _foreign(fd: int, owner: Owner) -> str | None:

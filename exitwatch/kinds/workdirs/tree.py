@@ -106,6 +106,11 @@ class Tree:
             raise
         return self._walk(fd, path, depth, watch, fresh)
 
+    def warned(self) -> int:
+        """How many markers the last walk found malformed, not a valid claim, or unreadable
+        now: each was warned of (once)."""
+        return len({p for p, s in self.markers.items() if s.said is not None} | self.unsure)
+
     def hides(self, path: str) -> bool:
         seen = self.markers.get(path)
         return seen is not None and seen.hides

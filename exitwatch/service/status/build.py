@@ -1,0 +1,151 @@
+"""The status document, built in one place for both of its views: a running agent's, served
+on the status socket, and the one-shot scan's (`exitwatch status` with no agent answering).
+docs/operations.md gives its schema; SCHEMA changes when a key changes its meaning."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+
+from exitwatch.agent.loop import Agent
+from exitwatch.agent.reconcile import Last, Periodic
+from exitwatch.agent.record import Recorder
+from exitwatch.agent.removals import Pending
+from exitwatch.kinds.base import Resource, ResourceKind
+from exitwatch.kinds.docker.engine import EngineError
+from exitwatch.kinds.docker.kind import KIND as CONTAINER
+from exitwatch.kinds.hooks.file import KIND as HOOK
+from exitwatch.kinds.processes.kind import KIND as PROCESS
+from exitwatch.kinds.workdirs.tree import KIND as WORKDIR
+from exitwatch.owner import Owner, death
+
+SCHEMA = 1
+BUSY = "the agent's loop did not answer in time"
+ORDER = (CONTAINER, WORKDIR, HOOK, PROCESS)  # how an owner's resources are listed
+
+
+def of_agent(
+    agent: Agent, kinds: Mapping[str, ResourceKind], recorder: Recorder, info: dict
+) -> dict:
+    """The running agent's document. What the index holds is read on the agent's loop
+    thread, through ask(); a loop too busy to answer says so rather than stall the client."""
+
+    def held() -> dict:
+        index = agent.index
+        return {
+            "owners": [_owner(o, index.resources(o)) for o in sorted(index.owners())],
+            "pending": [_job(p) for p in agent.pending()],
+            "reconcile": _reconcile(agent.periodic),
+        }
+
+    try:
+        body = agent.ask(held)
+    except TimeoutError:
+        body = {"owners": [], "pending": [], "busy": BUSY}
+    health = {"docker": kinds[CONTAINER].health(), "workdirs": kinds[WORKDIR].health()}
+    if PROCESS in kinds:  # the leftover-process rescans, when that kind is on
+        health["processes"] = kinds[PROCESS].health()
+    return {
+        "schema": SCHEMA,
+        "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
+        **health,
+        **body,
+        "reaps": [asdict(r) for r in recorder.reaps()],
+        "counters": agent.counters(),
+    }
+
+
+def of_scan(kinds: Mapping[str, ResourceKind]) -> dict:
+    """What a one-shot scan finds, read-only: live owners, and orphans waiting. A kind that
+    cannot be listed is one line in `not_listed` (the engine's is the docker entry); the
+    markers the walk warned of are counted, not shown."""
+    docker = {"endpoint": kinds[CONTAINER].health()["endpoint"], "connected": True}
+    held: dict[Owner, list[Resource]] = {}
+    skipped, unlisted = 0, []
+    for kind in kinds.values():
+        try:
+            snapshot = kind.scan()
+        except EngineError as err:
+            docker |= {"connected": False, "last_error": str(err)}
+            continue
+        except (OSError, ValueError) as err:  # a spool a user may not list, say
+            unlisted.append(f"{kind.kind}s: {err}")
+            continue
+        if kind.kind == WORKDIR:
+            skipped = snapshot.skipped
+        for res in snapshot.resources:
+            held.setdefault(res.owner, []).append(res)
+    owners, pending = [], []
+    for owner in sorted(held):
+        why = death(owner)
+        if why is None:
+            owners.append(_owner(owner, held[owner]))
+        else:
+            pending.append(_pending(owner, why, held[owner]))
+    return {
+        "schema": SCHEMA,
+        "agent": None,
+        "docker": docker,
+        "owners": owners,
+        "pending": pending,
+        "skipped_markers": skipped,
+        "not_listed": unlisted,
+    }
+
+
+def _owner(owner: Owner, held: Iterable[Resource]) -> dict:
+    """A live owner and what it holds."""
+    of: dict[str, list[Resource]] = {kind: [] for kind in ORDER}
+    for res in held:
+        of.setdefault(res.kind, []).append(res)
+    return {
+        "owner": str(owner),
+        "pid": owner.pid,
+        "containers": [{"id": r.key, "name": r.name, "project": r.group} for r in of[CONTAINER]],
+        "workdirs": sorted(r.key for r in of[WORKDIR]),
+        "hooks": sorted(r.name or r.key for r in of[HOOK]),
+        "processes": sorted(r.name for r in of[PROCESS]),
+    }
+
+
+def _pending(owner: Owner, why: str, held: Iterable[Resource]) -> dict:
+    """A dead owner's resources waiting for their removal."""
+    rank = {kind: i for i, kind in enumerate(ORDER)}
+    order = sorted(held, key=lambda r: (rank.get(r.kind, len(ORDER)), r.name or r.key))
+    return {"owner": str(owner), "death": why, "what": [r.name or r.key for r in order]}
+
+
+def _job(pending: Pending) -> dict:
+    """A removal job of the agent's: running, waiting to retry, or given up."""
+    job = pending.job
+    item = _pending(job.owner, job.death, job.resources)
+    item |= {"kind": job.kind.kind, "attempt": job.attempt, "state": pending.state}
+    if pending.due is not None:
+        item["retry_in_s"] = round(max(0.0, pending.due - time.monotonic()), 1)
+    return item
+
+
+def _reconcile(periodic: Periodic) -> dict:
+    """The interval, the last reconcile, and when the next is due."""
+    next_in = periodic.next_in(time.monotonic())
+    return {
+        "interval_s": periodic.interval,
+        "running": periodic.running,
+        "next_in_s": None if next_in is None else round(next_in, 1),
+        "last": None if periodic.last is None else _last(periodic.last),
+    }
+
+
+def _last(last: Last) -> dict:
+    if last.run == 0:
+        return {"at": round(last.at, 3), "run": 0, "start_up": True}
+    return {
+        "at": round(last.at, 3),
+        "run": last.run,
+        "took_s": round(last.took, 3),
+        "listed": last.listed,
+        "missed": last.missed,
+        "orphaned": last.orphaned,
+        "errors": list(last.errors),
+    }

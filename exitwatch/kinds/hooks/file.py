@@ -102,7 +102,7 @@ def check_file(fd: int, dir_fd: int) -> os.stat_result:
     spool's own filesystem changes while the device stays).
     """
     st = os.fstat(fd)
-    if st.st_dev != os.fstat(dir_fd).st_dev or _mount_id(fd) != _mount_id(dir_fd):
+    if st.st_dev != os.fstat(dir_fd).st_dev or fsops.mount_id(fd) != fsops.mount_id(dir_fd):
         raise HookError("it is mounted over: not on the spool's own filesystem")
     if not stat.S_ISREG(st.st_mode):
         raise HookError(f"it is {fsops.file_type(st.st_mode)}, not a regular file")
@@ -111,15 +111,6 @@ def check_file(fd: int, dir_fd: int) -> os.stat_result:
     if st.st_mode & 0o022:
         raise HookError(f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
     return st
-
-
-def _mount_id(fd: int) -> str:
-    """The id of the mount `fd` lies on, from /proc; "" where the kernel does not say."""
-    with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
-        for line in info:
-            if line.startswith(b"mnt_id:"):
-                return line.split()[1].decode()
-    return ""
 
 
 def ensure_spool(path: str) -> None:

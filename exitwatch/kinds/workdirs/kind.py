@@ -21,7 +21,7 @@ from exitwatch.kinds import fsops
 from exitwatch.kinds.base import Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.kinds.discovery import Discovery
 from exitwatch.kinds.fsops import printable
-from exitwatch.kinds.workdirs import marker
+from exitwatch.kinds.workdirs import marker, walk
 from exitwatch.kinds.workdirs.tree import KIND, Tree, split
 from exitwatch.kinds.workdirs.watch import follow
 from exitwatch.owner import Owner, death
@@ -156,9 +156,9 @@ class Workdirs(ResourceKind):
             raise _Refused(f"its marker {why}")
         if dry_run:
             return Outcome.done(what, KIND, "would remove")
-        left: list[fsops.Left] = []
+        left: list[walk.Left] = []
         for _ in range(REMOVE_PASSES):
-            left = fsops.empty_dir(fd, functools.partial(_foreign, owner=owner), MARKER)
+            left = walk.empty_dir(fd, functools.partial(_foreign, owner=owner), MARKER)
             if any(kept for _, _, kept in left):
                 break
             if left:

@@ -20,7 +20,7 @@ from exitwatch.contract import MARKER
 from exitwatch.kinds import fsops
 from exitwatch.kinds.base import Resource
 from exitwatch.kinds.fsops import printable
-from exitwatch.kinds.workdirs import marker
+from exitwatch.kinds.workdirs import marker, walk
 from exitwatch.kinds.workdirs.watch import Watch
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Tree:
                 found[where] = seen.res
             return not seen.hides
 
-        fsops.walk_dirs(fd, path, depth, self.depth, visit, watch)
+        walk.walk_dirs(fd, path, depth, self.depth, visit, watch)
         return found
 
     def _marker(self, fd: int, path: str, fresh: bool) -> _Seen:

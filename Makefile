@@ -8,10 +8,11 @@ VPY := $(VENV)/bin/python
 DEBIAN_PY := /usr/bin/python3
 
 # prometheus: for its promtool, which checks packaging/prometheus/ (tests/test_fleet.py).
+# man-db, groff-base: `man -l` renders the man pages in tests/test_deb.py.
 APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-hypothesis \
-	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2
+	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base
 
 .PHONY: all deps apt venv test lint run clean
 

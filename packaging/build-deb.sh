@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build the Debian packages into dist/ (`make deb`):
-#   dist/exitwatch_<version>_all.deb        the agent, the unit, the conffile, the man page
+#   dist/exitwatch_<version>_all.deb        the agent, the unit, the conffile, the man pages
 #   dist/exitwatch-bpf_<version>_<arch>.deb the eBPF object (see packaging/README.md)
 # Installs the build dependencies (debian/control's Build-Depends) and lintian with apt.
 # The build runs in a temporary copy of the tree with packaging/debian as its debian/, so

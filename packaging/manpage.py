@@ -1,21 +1,38 @@
-"""Write exitwatch(8) to stdout, from the click CLI's own help.
+"""Write one of exitwatch's man pages to stdout:
 
-Run at package build time (debian/rules), so the page lists exactly the commands and
-options of the CLI it ships with; only the prose around them lives here.
-Usage: PYTHONPATH=. python3 packaging/manpage.py > exitwatch.8
+  exitwatch.8       every command and option, from the click CLI's own help;
+  exitwatch.toml.5  every setting, from the Config dataclass (packaging/mansource.py);
+  exitwatch-run.1   `exitwatch run`, from its click help.
+
+Run at package build time (debian/rules), so each page says what the code it ships with
+does; only the prose around the generated parts lives here.
+Usage: PYTHONPATH=. python3 packaging/manpage.py exitwatch.8 > exitwatch.8
 """
 
 from __future__ import annotations
 
-import os
+import inspect
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable
+from dataclasses import fields
 
 import click
+from mansource import (
+    commands,
+    esc,
+    field_docs,
+    flags,
+    header,
+    options,
+    prose,
+    root,
+    summary,
+    takes,
+    toml,
+)
 
-from exitwatch import __version__
 from exitwatch.cli import cli
+from exitwatch.service.config import DEFAULT_PATH, Config
 
 DESCRIPTION = r"""
 Evaluation runners create Docker containers and scratch workdirs, and remove them when they
@@ -45,72 +62,43 @@ For what it cannot remove itself (a remote sandbox, a tunnel), a runner leaves a
 with
 .BR "exitwatch on\-death" :
 once the owner is dead, the agent runs it as the user who registered it, and deletes the
-hook once it exits 0.
+hook once it exits 0. A runner that labels nothing can be run under
+.BR exitwatch\-run (1).
 """
 
 FILES = [
-    ("/etc/exitwatch/config.toml", "Agent settings (TOML); options on the command line win."),
+    (
+        DEFAULT_PATH,
+        "Agent settings (TOML), see exitwatch.toml(5); options on the command line win.",
+    ),
     ("/var/lib/exitwatch/", "State directory: the audit log of removals and refusals."),
     ("/run/exitwatch/", "Runtime directory: the status socket."),
     ("/var/spool/exitwatch/hooks/", "On-death hooks (mode 1733: anyone adds, only root lists)."),
     ("/lib/systemd/system/exitwatch.service", "The hardened systemd unit."),
 ]
 
-SEE_ALSO = "systemctl(1), journalctl(1), docker(1), docker\\-compose(1), systemd.exec(5)"
+SEE_ALSO = (
+    "exitwatch.toml(5), exitwatch\\-run(1), systemctl(1), journalctl(1), docker(1), "
+    "docker\\-compose(1), systemd.exec(5)"
+)
 
 
-def esc(text: str) -> str:
-    """Plain text as roff: backslashes and hyphens escaped, no line read as a request."""
-    text = text.replace("\\", "\\e").replace("-", "\\-")
-    return "\n".join(
-        "\\&" + line if line.startswith((".", "'")) else line for line in text.splitlines()
-    )
-
-
-Commands = Iterator[tuple[click.Command, click.Context]]
-
-
-def commands(group: click.Group, ctx: click.Context) -> Commands:
-    """Every visible command under `group`, depth first, each with its own context."""
-    for name in group.list_commands(ctx):
-        cmd = group.get_command(ctx, name)
-        if cmd is None or cmd.hidden:
-            continue
-        sub = click.Context(cmd, info_name=name, parent=ctx, **cmd.context_settings)
-        yield cmd, sub
-        if isinstance(cmd, click.Group):
-            yield from commands(cmd, sub)
-
-
-def options(cmd: click.Command, ctx: click.Context) -> Iterator[str]:
-    """One .TP paragraph per option, as `--help` words it (defaults and choices included)."""
-    for param in cmd.get_params(ctx):
-        record = param.get_help_record(ctx)
-        if record is None:  # arguments: named in the usage line
-            continue
-        opts, text = record
-        yield f".TP\n.B {esc(opts)}\n{esc(text) if text else ''}".rstrip()
-
-
-def render() -> str:
-    root = click.Context(cli, info_name="exitwatch", **cli.context_settings)
-    epoch = float(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
-    date = time.strftime("%Y-%m-%d", time.gmtime(epoch))
-    summary = (cli.help or "").splitlines()[0].rstrip(".")
+def exitwatch_8() -> str:
+    top = root()
     out = [
-        f'.TH EXITWATCH 8 "{date}" "exitwatch {__version__}" "System Administration"',
+        header("exitwatch", 8, "System Administration"),
         ".SH NAME",
-        f"exitwatch \\- {esc(summary[:1].lower() + summary[1:])}",
+        f"exitwatch \\- {summary(cli)}",
         ".SH SYNOPSIS",
         ".B exitwatch",
-        esc(" ".join(cli.collect_usage_pieces(root))),
+        esc(" ".join(cli.collect_usage_pieces(top))),
         ".SH DESCRIPTION",
         DESCRIPTION.strip(),
         ".SH OPTIONS",
-        *options(cli, root),
+        *options(cli, top),
         ".SH COMMANDS",
     ]
-    for cmd, ctx in commands(cli, root):
+    for cmd, ctx in commands(cli, top):
         out += [
             f'.SS "{esc(ctx.command_path)} {esc(" ".join(cmd.collect_usage_pieces(ctx)))}"',
             esc(cmd.help or cmd.short_help or ""),
@@ -123,5 +111,215 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
+# -- exitwatch.toml(5) --------------------------------------------------------------------
+
+CONFIG_DESCRIPTION = rf"""
+The settings of
+.BR "exitwatch agent" ,
+read from
+.I {esc(DEFAULT_PATH)}
+when it exists, or from the file
+.B \-\-config
+names.
+.B exitwatch reap
+and
+.B exitwatch status
+read the same file. It is TOML. Every key is optional: a key left out keeps its default,
+and the Debian package installs the file with every key commented out at its default. A
+key given as an option on the command line wins over the file.
+.PP
+The agent reads the file at start, and again on SIGHUP
+.RB ( "systemctl reload exitwatch" );
+a file that is bad on a reload is logged and the running settings stay. At start, an
+unknown key, a wrong type or a bad value stops the agent with one line naming the file, the
+key and what is expected, such as
+.PP
+.EX
+Error: {esc(DEFAULT_PATH)}: poll_interval: expected a number, got 'fast'
+.EE
+.PP
+A key that is unset by default takes a string; leave it out to keep it unset.
+"""
+
+CONFIG_EXAMPLE = """\
+source = "netlink"
+workdir_roots = ["/tmp", "/var/tmp", "/scratch"]
+metrics_addr = "127.0.0.1:9788"
+reconcile_interval = 300
+"""
+
+CONFIG_NOTES = r"""
+Under exitwatch.service the agent may write only under /tmp and /var/tmp: a workdir root
+elsewhere, such as /scratch above, also needs
+.B ReadWritePaths=
+in a drop\-in
+.RB ( "systemctl edit exitwatch" ).
+"""
+
+
+def exitwatch_toml_5() -> str:
+    docs = field_docs()
+    out = [
+        header("exitwatch.toml", 5, "File Formats"),
+        ".SH NAME",
+        "exitwatch.toml \\- settings of the exitwatch agent",
+        ".SH SYNOPSIS",
+        f".I {esc(DEFAULT_PATH)}",
+        ".SH DESCRIPTION",
+        CONFIG_DESCRIPTION.strip(),
+        ".SH SETTINGS",
+    ]
+    for field in fields(Config):
+        value = "(unset)" if field.default is None else f"= {toml(field.default)}"
+        out += [
+            ".TP",
+            f"\\fB{esc(field.name)}\\fR {esc(value)}",
+            prose(docs[field.name]),
+            ".br",
+            f"Takes {esc(takes(field.name))}.",
+        ]
+        given = flags(field.name)
+        if given:
+            out += [".br", f"On the command line: {esc(', '.join(given))}."]
+    out += [
+        ".SH EXAMPLE",
+        ".EX",
+        esc(CONFIG_EXAMPLE.rstrip()),
+        ".EE",
+        ".PP",
+        CONFIG_NOTES.strip(),
+        ".SH SEE ALSO",
+        "exitwatch(8), exitwatch\\-run(1), systemctl(1)",
+    ]
+    return "\n".join(out) + "\n"
+
+
+# -- exitwatch-run(1) ---------------------------------------------------------------------
+
+RUN_DESCRIPTION = r"""
+The wrapper is the owner of everything the run creates, and CMD is its child: CMD dies with
+it (its parent\-death signal is SIGKILL). It needs no agent and no root: it works with the
+caller's own rights.
+.PP
+The socket forwards every connection to the engine the caller would have used, and adds
+.B exitwatch.owner=\fIowner\fR
+to the labels of every container, network and volume created through it; a request that
+names its own owner, or asks
+.BR exitwatch.keep=true ,
+is left as it is. Everything else passes unchanged: attached and
+.B exec \-i
+streams, logs, events, cp, build, compose v1 and v2, the Python SDK.
+.PP
+When CMD ends, however it ends (SIGKILL and the OOM killer included), the wrapper sends
+SIGTERM to every process CMD left behind (it is their child subreaper, so those that called
+setsid are among them), then SIGKILL after
+.B \-\-grace
+seconds; it then removes the run's containers (compose projects as a whole), networks and
+volumes, its TMPDIR and its socket's directory, with the agent's own removal code and
+safety rules, and exits with CMD's status. When no engine answers, CMD's Docker clients see
+their connection closed at once, and the cleanup removes only the directories.
+.PP
+If the wrapper itself is SIGKILLed, CMD dies with it, and the agent
+.RB ( exitwatch (8)),
+if one runs, reaps what carries the run's owner like any other owner's: the containers,
+networks and volumes by their label, the TMPDIR and the socket's directory by their
+markers (when they lie under the agent's workdir roots, /tmp by default), and the
+processes CMD left behind (see
+.B kill_leftovers
+in
+.BR exitwatch.toml (5)).
+"""
+
+RUN_SECTIONS = r"""
+.SH ENVIRONMENT
+CMD's environment is the caller's, with these changes:
+.TP
+.B DOCKER_HOST
+unix://\fIthe run's socket\fR, in a fresh 0700 directory under XDG_RUNTIME_DIR (when its
+path is short enough for a socket address), or /tmp.
+.TP
+.BR EXITWATCH_OWNER ", " EXITWATCH_RUN
+The run's owner: the first for compose files and runners that label, the second marks
+CMD's processes as the run's for the agent.
+.TP
+.B TMPDIR
+A fresh directory marked with the owner, under the caller's TMPDIR or /tmp; left as it is
+with
+.BR \-\-no\-tmpdir .
+.PP
+The wrapper forwards to the engine of the caller's DOCKER_HOST, or /var/run/docker.sock;
+only a unix:// engine can be forwarded to.
+.SH SIGNALS
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the wrapper are passed on to CMD, and the
+wrapper waits for it; a second SIGINT or SIGTERM kills CMD. Ctrl\-C in a terminal reaches
+CMD straight from the terminal, and the wrapper does not add one of its own.
+.SH EXIT STATUS
+CMD's exit status, or 128+\fIN\fR if signal \fIN\fR ended it. Of the wrapper's own:
+.TP
+.B 2
+Bad use (no CMD, an unknown option): one line, and nothing is run.
+.TP
+.B 125
+The run cannot be set up: a DOCKER_HOST that is not unix:// (tcp:// or ssh://, whose TLS
+or tunnel the socket would have to speak again), or no room for its directories.
+.TP
+.B 126
+CMD cannot be executed.
+.TP
+.B 127
+CMD cannot be found.
+.SH DIAGNOSTICS
+The wrapper writes only to stderr, one line a message, each starting with
+.RB \(lq "exitwatch run:" \(rq.
+It says why the run cannot start; why CMD cannot run; each container, network, volume or
+directory of the run that it could not remove, and why; and the processes still running
+after SIGKILL, by pid, once 5 s have passed.
+.SH BUGS
+Files written anywhere but TMPDIR stay (a runner that takes a workdir option can be pointed
+into it). Docker clients that ignore DOCKER_HOST (\-H, \-\-context, a base_url of their own)
+create what carries no label, and the engine forwarded to is never the current Docker
+context's.
+.SH SEE ALSO
+exitwatch(8), exitwatch.toml(5), docker(1)
+"""
+
+
+def exitwatch_run_1() -> str:
+    top = root()
+    run = cli.get_command(top, "run")
+    assert run is not None
+    ctx = click.Context(run, info_name="run", parent=top, **run.context_settings)
+    rest = inspect.cleandoc(run.help or "").split("\n\n", 1)[1:]
+    out = [
+        header("exitwatch-run", 1, "User Commands"),
+        ".SH NAME",
+        f"exitwatch\\-run \\- {summary(run)}",
+        ".SH SYNOPSIS",
+        ".B exitwatch run",
+        esc(" ".join(run.collect_usage_pieces(ctx))),
+        ".SH DESCRIPTION",
+        *(esc(p) + "\n.PP" for p in rest),
+        RUN_DESCRIPTION.strip(),
+        ".SH OPTIONS",
+        *options(run, ctx),
+        RUN_SECTIONS.strip(),
+    ]
+    return "\n".join(out) + "\n"
+
+
+PAGES: dict[str, Callable[[], str]] = {
+    "exitwatch.8": exitwatch_8,
+    "exitwatch.toml.5": exitwatch_toml_5,
+    "exitwatch-run.1": exitwatch_run_1,
+}
+
+
+def render(page: str) -> str:
+    return PAGES[page]()
+
+
 if __name__ == "__main__":
-    sys.stdout.write(render())
+    if len(sys.argv) != 2 or sys.argv[1] not in PAGES:
+        print(f"usage: manpage.py PAGE, one of {', '.join(PAGES)}", file=sys.stderr)
+        sys.exit(2)
+    sys.stdout.write(render(sys.argv[1]))

@@ -1,4 +1,4 @@
-"""The Debian package: its man page and conffile kept in step with the code, and, marked
+"""The Debian package: its man pages and conffile kept in step with the code, and, marked
 `deb`, the CI path: `make deb`, lintian, apt install, the installed agent reaping a
 SIGKILLed owner on Debian's python3, then purge leaving nothing behind.
 
@@ -10,7 +10,7 @@ run would only rebuild and reinstall the same package. Deselect them with `-m "n
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import re
 import signal
@@ -48,11 +48,15 @@ def deb(test):
 
 
 def _manpage_module():
-    spec = importlib.util.spec_from_file_location("manpage", PACKAGING / "manpage.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    # As debian/rules runs it: a script beside mansource.py, which it imports.
+    sys.path.insert(0, str(PACKAGING))
+    try:
+        return importlib.import_module("manpage")
+    finally:
+        sys.path.remove(str(PACKAGING))
+
+
+PAGES = ("exitwatch.8", "exitwatch.toml.5", "exitwatch-run.1")
 
 
 def _commands(group: click.Group, path: str) -> Iterator[tuple[str, click.Command]]:
@@ -65,7 +69,7 @@ def _commands(group: click.Group, path: str) -> Iterator[tuple[str, click.Comman
 
 
 def test_man_page_lists_every_command_and_option() -> None:
-    page = _manpage_module().render()
+    page = _manpage_module().render("exitwatch.8")
     sections = re.split(r'^\.SS "', page, flags=re.M)
     by_command = {s.split('"', 1)[0].split(" [")[0]: s for s in sections[1:]}
     for path, cmd in _commands(cli, "exitwatch"):
@@ -83,14 +87,84 @@ def test_man_page_lists_every_command_and_option() -> None:
     assert "\\-\\-version" in page
 
 
-def test_man_page_renders_without_warnings(tmp_path: Path) -> None:
+def _man(path: Path) -> str:
+    """The page at `path` as man shows it; fails on any warning of man or groff."""
+    done = run(["man", "--warnings", "-l", str(path)], env=DEBIAN_ENV | {"MANPAGER": "cat"})
+    assert done.stderr == "", f"{path.name}:\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_man_page_renders_without_warnings(tmp_path: Path, name: str) -> None:
     if not Path("/usr/bin/man").exists():
-        pytest.skip("man-db is not installed")
-    page = tmp_path / "exitwatch.8"
-    page.write_text(_manpage_module().render())
-    done = run(["man", "--warnings", "-l", str(page)], env=DEBIAN_ENV | {"MANPAGER": "cat"})
-    assert done.stderr == ""
-    assert "exitwatch agent" in done.stdout
+        pytest.skip("man-db is not installed (make apt installs it)")
+    page = tmp_path / name
+    page.write_text(_manpage_module().render(name))
+    shown = _man(page)
+    assert f"{name.rsplit('.', 1)[0]} - " in shown  # the NAME line
+
+
+def test_manpage_script_takes_the_page_to_write() -> None:
+    script = [sys.executable, str(PACKAGING / "manpage.py")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = run([*script, "exitwatch.toml.5"], env=env)
+    assert done.stdout.startswith(".TH EXITWATCH.TOML 5 ")
+    bad = run([*script, "exitwatch.1"], env=env, check=False)
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr.strip().splitlines() == [
+        "usage: manpage.py PAGE, one of exitwatch.8, exitwatch.toml.5, exitwatch-run.1"
+    ]
+
+
+def _plain(roff: str) -> str:
+    """Roff text without its font changes and escapes."""
+    return re.sub(r"\\f[BIR]", "", roff).replace("\\-", "-").replace("\\e", "\\")
+
+
+def _setting(page: str, key: str) -> str:
+    """The paragraph of exitwatch.toml(5) about `key`: its tag line to the next one."""
+    return page.split(f"\n.TP\n\\fB{key}\\fR ", 1)[1].split("\n.TP\n", 1)[0].split("\n.SH")[0]
+
+
+def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_path) -> None:
+    manpage = _manpage_module()
+    page = manpage.render("exitwatch.toml.5")
+    docs = manpage.field_docs()
+    for field in fields(Config):
+        assert field.name in docs, f"Config.{field.name} has no docstring after it"
+        about = _setting(page, field.name)
+        said = " ".join(docs[field.name].replace("`", "").split())
+        assert said in " ".join(_plain(about).split()), field.name
+        assert "\nTakes " in about, field.name
+        if field.default is None:
+            assert about.startswith("(unset)"), field.name
+            continue
+        # The default as the page writes it is what the file means by it.
+        written = _plain(about.split("\n", 1)[0]).removeprefix("= ")
+        path = tmp_path / f"{field.name}.toml"
+        path.write_text(f"{field.name} = {written}\n")
+        assert getattr(config_module.load(str(path)), field.name) == field.default, written
+    assert "Takes a number in 0.01..3600." in _setting(page, "poll_interval")
+    assert "\\-\\-workdir\\-root (exitwatch agent, exitwatch reap)" in _setting(
+        page, "workdir_roots"
+    )
+    example = tmp_path / "example.toml"
+    example.write_text(manpage.CONFIG_EXAMPLE)
+    config_module.load(str(example))
+
+
+def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
+    from exitwatch.runner.supervise import SETUP_FAILED
+
+    page = _manpage_module().render("exitwatch-run.1")
+    run_cmd = cli.commands["run"]
+    for param in run_cmd.params:
+        if isinstance(param, click.Option):
+            for opt in param.opts:
+                assert opt.replace("-", "\\-") in page, opt
+    statuses = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
+    for code in (2, SETUP_FAILED, 126, 127):
+        assert f".B {code}\n" in statuses, code
 
 
 def _documented() -> dict[str, object]:
@@ -183,6 +257,17 @@ def test_lintian_reports_no_errors_and_every_remaining_tag_is_explained(debs) ->
 
 
 @deb
+def test_the_built_package_holds_the_three_man_pages_and_each_renders(debs, tmp_path) -> None:
+    main = next(d for d in debs if d.name.startswith("exitwatch_"))
+    run(["dpkg-deb", "-x", str(main), str(tmp_path)])
+    for name in PAGES:
+        section = name.rsplit(".", 1)[1]
+        page = tmp_path / "usr" / "share" / "man" / f"man{section}" / f"{name}.gz"
+        assert page.is_file(), f"{name} is not in {main.name}"
+        assert f"{name.rsplit('.', 1)[0]} - " in _man(page)
+
+
+@deb
 def test_installed_exitwatch_runs_on_debians_python(installed) -> None:
     done = run(["/usr/bin/exitwatch", "--version"], env=DEBIAN_ENV, cwd=Path("/"))
     assert done.stdout.strip() == f"exitwatch, version {_version()}"
@@ -205,6 +290,8 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
         UNIT,
         "/etc/exitwatch/config.toml",
         "/usr/share/man/man8/exitwatch.8.gz",
+        "/usr/share/man/man5/exitwatch.toml.5.gz",
+        "/usr/share/man/man1/exitwatch-run.1.gz",
         "/var/lib/exitwatch",
         "/usr/share/exitwatch/prometheus/exitwatch.rules.yml",
         "/usr/share/exitwatch/grafana/exitwatch.json",
@@ -217,7 +304,9 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
     assert "/etc/exitwatch/config.toml" in conffiles
     # Enabled on install, even where systemd is not running to start it.
     assert Path("/etc/systemd/system/multi-user.target.wants/exitwatch.service").is_symlink()
-    assert run(["man", "-w", "exitwatch"], env=DEBIAN_ENV).stdout.strip().endswith("exitwatch.8.gz")
+    for section, name in (("8", "exitwatch"), ("5", "exitwatch.toml"), ("1", "exitwatch-run")):
+        found = run(["man", "-w", section, name], env=DEBIAN_ENV).stdout.strip()
+        assert found == f"/usr/share/man/man{section}/{name}.{section}.gz"
     verify = run(["systemd-analyze", "verify", UNIT], env=DEBIAN_ENV, check=False)
     assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
     security = run(

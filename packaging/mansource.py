@@ -1,0 +1,146 @@
+"""What packaging/manpage.py generates its pages from, as roff: the click CLI (its commands,
+their usage and options, as `--help` words them) and the Config dataclass (each field's
+default, the docstring after it, the values validate() takes, the options that set it)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import re
+import time
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import replace
+
+import click
+
+from exitwatch import __version__
+from exitwatch.cli import cli
+from exitwatch.service.config import Config, ConfigError
+
+
+def esc(text: str) -> str:
+    """Plain text as roff: backslashes and hyphens escaped, no line read as a request."""
+    text = text.replace("\\", "\\e").replace("-", "\\-")
+    return "\n".join(
+        "\\&" + line if line.startswith((".", "'")) else line for line in text.splitlines()
+    )
+
+
+def prose(text: str) -> str:
+    """A docstring as roff: escaped, its `code` in bold."""
+    return re.sub(r"`([^`]+)`", r"\\fB\1\\fR", esc(inspect.cleandoc(text)))
+
+
+def header(name: str, section: int, manual: str) -> str:
+    epoch = float(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
+    date = time.strftime("%Y-%m-%d", time.gmtime(epoch))
+    th = f'.TH {esc(name.upper())} {section} "{date}" "exitwatch {__version__}" "{manual}"'
+    return th + "\n.nh"  # no hyphenation: names such as EXITWATCH_RUN stay whole
+
+
+Commands = Iterator[tuple[click.Command, click.Context]]
+
+
+def commands(group: click.Group, ctx: click.Context) -> Commands:
+    """Every visible command under `group`, depth first, each with its own context."""
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if cmd is None or cmd.hidden:
+            continue
+        sub = click.Context(cmd, info_name=name, parent=ctx, **cmd.context_settings)
+        yield cmd, sub
+        if isinstance(cmd, click.Group):
+            yield from commands(cmd, sub)
+
+
+def options(cmd: click.Command, ctx: click.Context) -> Iterator[str]:
+    """One .TP paragraph per option, as `--help` words it (defaults and choices included)."""
+    for param in cmd.get_params(ctx):
+        record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+        if record is None:  # arguments: named in the usage line
+            continue
+        opts, text = record
+        yield f".TP\n.B {esc(opts)}\n{esc(text) if text else ''}".rstrip()
+
+
+def root() -> click.Context:
+    return click.Context(cli, info_name="exitwatch", **cli.context_settings)
+
+
+def summary(cmd: click.Command) -> str:
+    first = (cmd.help or "").splitlines()[0].rstrip(".")
+    return esc(first[:1].lower() + first[1:])
+
+
+# A value of each type that every check in Config.validate() refuses, so that its message
+# says what the key takes.
+_OUT_OF_RANGE: dict[type, object] = {str: "\0", int: -1, float: -1.0, tuple: ("\0",)}
+_TOML_TYPES = {
+    str: "string",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    tuple: "array of strings",
+}
+
+
+def field_docs() -> dict[str, str]:
+    """Each Config field's docstring: the string literal that follows the field."""
+    body = ast.parse(inspect.cleandoc(inspect.getsource(Config))).body[0]
+    assert isinstance(body, ast.ClassDef)
+    docs = {}
+    for stmt, after in zip(body.body, body.body[1:], strict=False):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[stmt.target.id] = after.value.value
+    return docs
+
+
+def _type(name: str) -> type:
+    hint = typing.get_type_hints(Config)[name]
+    if isinstance(hint, types.UnionType):  # `str | None`: unset, or a string
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return typing.get_origin(hint) or hint
+
+
+def takes(name: str) -> str:
+    """What key `name` takes, in the words of Config.validate()."""
+    kind = _type(name)
+    bad = _OUT_OF_RANGE.get(kind)
+    if bad is not None:
+        try:
+            replace(Config(), **{name: bad}).validate()
+        except ConfigError as err:
+            said = re.match(rf"{name}: expected (.*), got ", str(err))
+            if said:
+                return said[1]
+    return "true or false" if kind is bool else f"a {_TOML_TYPES[kind]}"
+
+
+def toml(value: object) -> str:
+    """A default as it is written in the file."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml(v) for v in value) + "]"
+    return repr(value)
+
+
+def flags(name: str) -> list[str]:
+    """The command-line options that set key `name`, with the commands that take them."""
+    top, found = root(), {}
+    for cmd, ctx in commands(cli, top):
+        for param in cmd.get_params(ctx):
+            if isinstance(param, click.Option) and param.name == name:
+                found.setdefault(param.opts[-1], []).append(ctx.command_path)
+    return [f"{opt} ({', '.join(where)})" for opt, where in found.items()]

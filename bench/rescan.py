@@ -17,13 +17,13 @@ import subprocess
 import sys
 import time
 
-from exitwatch.kinds.processes.kind import FULL_EVERY, _Seen
+from exitwatch.kinds.processes.table import FULL_EVERY, Table
 
 ROUNDS = 20
 
 
 def _measure(rounds: int = ROUNDS) -> dict:
-    seen = _Seen()
+    seen = Table()
     first = time.process_time()
     seen.rescan()  # the first one reads every environment; the rest are the idle cost
     first = time.process_time() - first

@@ -16,7 +16,7 @@ from exitwatch.kinds.base import Resource, ResourceKind
 from exitwatch.kinds.docker.engine import EngineError
 from exitwatch.kinds.docker.kind import KIND as CONTAINER
 from exitwatch.kinds.hooks.file import KIND as HOOK
-from exitwatch.kinds.processes.kind import KIND as PROCESS
+from exitwatch.kinds.processes.table import KIND as PROCESS
 from exitwatch.kinds.workdirs.tree import KIND as WORKDIR
 from exitwatch.owner import Owner, death
 

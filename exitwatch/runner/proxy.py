@@ -11,36 +11,30 @@ hijacking request both directions are raw bytes until each side closes its half.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import queue
 import re
 import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import h11
 
 from exitwatch.contract import LABEL_OWNER, kept
+from exitwatch.runner import relay
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ENGINE = "/var/run/docker.sock"
 CHUNK = 64 * 1024  # bytes per read of a request
-PIPE_SIZE = 1024 * 1024  # bytes per splice; pipe-max-size allows unprivileged pipes this much
-SMALL_MOVE = 64 * 1024  # bytes: a move smaller than this may be one of many small pieces
-BUSY_GAP = 0.001  # seconds: small pieces closer than this are a stream
-BATCH_PAUSE = 0.0005  # seconds a stream's next move waits, to take more pieces at once
 MAX_HEAD = 1024 * 1024  # X-Registry-Auth and X-Registry-Config headers can be large
 MAX_BODY = 64 * 1024 * 1024  # for the bodies read whole: creations and exec starts
 BACKLOG = 128
 ACCEPT_PAUSE = 0.05  # seconds before accepting again after accept() failed
-IDLE_EXIT = 10.0  # seconds a spare worker thread waits for a connection before it ends
 
 _API = rb"(?:/v[0-9]+(?:\.[0-9]+)*)?"
 _CREATE = re.compile(_API + rb"/(?:containers|networks|volumes)/create(?:\?.*)?")
@@ -92,55 +86,6 @@ def label(body: bytes, owner: str) -> bytes:
     return json.dumps(doc).encode()
 
 
-class _Workers:
-    """Daemon threads, each reused once its task is done: a connection costs two of them,
-    and starting two threads would cost more than the proxying itself. They are never
-    more than the peak of tasks at once, and a spare one ends after IDLE_EXIT seconds."""
-
-    def __init__(self) -> None:
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle = 0
-        self._lock = threading.Lock()
-
-    def submit(self, task: Callable[..., None], *args: object) -> None:
-        with self._lock:
-            spawn = not self._idle
-            if not spawn:
-                self._idle -= 1  # that one takes it
-        self._tasks.put((task, args))
-        if spawn:
-            threading.Thread(target=self._work, name="exitwatch-proxy", daemon=True).start()
-
-    def close(self) -> None:
-        """End the spare workers now rather than after IDLE_EXIT."""
-        with self._lock:
-            spare, self._idle = self._idle, 0
-        for _ in range(spare):
-            self._tasks.put(None)
-
-    def _work(self) -> None:
-        while True:
-            try:
-                item = self._tasks.get(timeout=IDLE_EXIT)
-            except queue.Empty:
-                with self._lock:
-                    # idle counts the waiting workers less the queued tasks: while it is 0,
-                    # a task may be on its way to this one.
-                    if self._idle:
-                        self._idle -= 1
-                        return
-                continue
-            if item is None:
-                return
-            task, args = item
-            try:
-                task(*args)
-            except Exception:  # a bug of ours: the connection is lost, the proxy is not
-                log.exception("proxy connection")
-            with self._lock:
-                self._idle += 1
-
-
 class Proxy:
     """Serves `listener` (a bound, listening unix socket) until stop(), forwarding to the
     engine socket `engine` and labelling creations with `owner`."""
@@ -151,7 +96,7 @@ class Proxy:
         self._stopping = False
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
-        self._workers = _Workers()
+        self._workers = relay.Workers()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._serve, name="exitwatch-proxy", daemon=True)
@@ -166,7 +111,7 @@ class Proxy:
             self._thread.join(2.0)
         self._listener.close()
         with self._lock:
-            _cut(*self._open)
+            relay.cut(*self._open)
         self._workers.close()
 
     def _serve(self) -> None:
@@ -194,80 +139,20 @@ class Proxy:
         with self._lock:
             self._open.update((client, upstream))
         back = threading.Event()
-        self._workers.submit(_pump, upstream, client, b"", back)
+        self._workers.submit(relay.pump, upstream, client, b"", back)
         try:
             _Requests(client, upstream, self._owner).forward()
         except (OSError, h11.ProtocolError) as err:
             log.debug("proxy connection: %s", err)
-            _cut(client, upstream)
+            relay.cut(client, upstream)
         except Exception:  # a bug of ours: this connection is lost, not the others
             log.exception("proxy connection")
-            _cut(client, upstream)
+            relay.cut(client, upstream)
         back.wait()
         with self._lock:
             self._open.difference_update((client, upstream))
         client.close()
         upstream.close()
-
-
-def _pump(
-    src: socket.socket, dst: socket.socket, first: bytes = b"", done: threading.Event | None = None
-) -> None:
-    """Copy `src` to `dst` until `src` ends, then end `dst`'s sending half (half-close: a
-    `docker exec -i` client ends its stdin so). On an error, cut both ends. Sets `done`."""
-    try:
-        if first:
-            dst.sendall(first)
-        _copy(src, dst, None)
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        _cut(src, dst)
-    finally:
-        if done is not None:
-            done.set()
-
-
-def _cut(*socks: socket.socket) -> None:
-    """End both directions of each: whoever is blocked on one wakes up."""
-    for s in socks:
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)
-
-
-def _copy(src: socket.socket, dst: socket.socket, limit: int | None) -> int:
-    """Copy `limit` bytes (None: until the end) from `src` to `dst`; how many were copied.
-
-    The bytes go through a pipe with splice(2): they never enter this process, which holds
-    no buffer for a connection however long it lasts or however fast it streams.
-    """
-    r, w = os.pipe()
-    with contextlib.suppress(OSError):  # fewer, larger moves; the default 64 KiB still works
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    done, last = 0, float("-inf")
-    try:
-        while limit is None or done < limit:
-            want = PIPE_SIZE if limit is None else min(PIPE_SIZE, limit - done)
-            n = os.splice(src.fileno(), w, want, flags=os.SPLICE_F_MOVE)
-            if not n:
-                break
-            done += n
-            small = n < SMALL_MOVE
-            while n:
-                n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
-            if small:
-                # A stream written in small pieces (the engine's exec frames of a few KiB,
-                # a client's stdin) would wake this thread for each one: that CPU is taken
-                # from the engine and the client on a small host. Once one small piece
-                # follows another closely, the next move waits for more; a lone piece (a
-                # prompt, a keystroke's echo) never waits.
-                now = time.monotonic()
-                if now - last < BUSY_GAP:
-                    time.sleep(BATCH_PAUSE)
-                last = now
-    finally:
-        os.close(r)
-        os.close(w)
-    return done
 
 
 class _Requests:
@@ -288,7 +173,7 @@ class _Requests:
                 event = self._next(conn, raw)
             except h11.RemoteProtocolError:
                 # Not HTTP as h11 reads it: the engine answers it, as without the proxy.
-                _pump(self.client, self.upstream, bytes(raw))
+                relay.pump(self.client, self.upstream, bytes(raw))
                 return
             if isinstance(event, h11.ConnectionClosed):
                 self.upstream.shutdown(socket.SHUT_WR)
@@ -316,7 +201,7 @@ class _Requests:
                 # Raw from here on, whatever the engine answers: should it refuse (an error
                 # instead of the hijack), a request the client sent next on this connection
                 # would pass unlabelled. The docker CLI closes such a connection.
-                _pump(self.client, self.upstream, self.pending)
+                relay.pump(self.client, self.upstream, self.pending)
                 return
 
     def _next(self, conn: h11.Connection, raw: bytearray) -> h11.Event:
@@ -370,7 +255,7 @@ class _Requests:
         self.upstream.sendall(head + rest[:length])
         self.pending = rest[length:]
         left = length - min(length, len(rest))
-        if left and _copy(self.client, self.upstream, left) < left:
+        if left and relay.copy(self.client, self.upstream, left) < left:
             raise ConnectionResetError("the client closed the connection inside a body")
 
 

@@ -38,7 +38,7 @@ class Config:
     leftovers_interval: float = 1.0
     """Seconds between two listings of /proc for a dead run's leftover processes."""
     docker_host: str | None = None
-    """Docker engine URL; None means DOCKER_HOST or the default socket."""
+    """Docker engine URL; unset: DOCKER_HOST, or the default socket."""
     reap_workers: int = 16
     """Removals run in parallel on this many threads."""
     reap_attempts: int = 3
@@ -55,7 +55,7 @@ class Config:
     audit_max_bytes: int = 16 * 1024 * 1024
     """The audit log is rotated (one old file, .1) when it grows past this size."""
     metrics_addr: str | None = None
-    """Serve Prometheus metrics on HOST:PORT; None: no metrics."""
+    """Serve Prometheus metrics on HOST:PORT; unset: no metrics."""
     log_format: str = "text"
     """Log lines on stderr as "text" or "json"."""
 

@@ -1,15 +1,8 @@
 """Which members of a dead owner's compose project provably belong to the owner's instance
 of it. A project *name* is no identity: compose defaults it to the directory's basename, so
 an eval's `app` and a long-lived production `app` share one. kind.py asks; this module
-only judges, from labels and creation times.
-
-The rule (README, "Compose projects"):
-- a container labelled with the owner is the owner's;
-- an unlabelled container joins only when it has the same compose working directory and
-  config files labels as one of the owner's containers, and was created after the owner
-  started;
-- a network joins only when it was created after the owner started, and then only once no
-  container is left in the project.
+only judges, from labels and creation times, by the rule of docs/contract.md ("Compose
+projects").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The one engine call a bulk reap makes by the thousand, DELETE /containers/ID, sent straight
 over the engine's unix socket with http.client.
 
-docker-py's requests stack costs about 1.6 ms of CPU per call, against 0.25 ms here (both
-measured against a local dockerd); in a bulk reap on a small host that CPU is taken from
+docker-py's requests stack costs several times the CPU per call (docs/design.md,
+"Containers", has the figures); in a bulk reap on a small host that CPU is taken from
 dockerd itself, whose removal rate is the limit. Every other call stays on docker-py.
 """
 

@@ -1,14 +1,8 @@
 """On-death hooks: files in a spool, each naming an owner and a command. "Removing" one is
 running its command as the file's owner, and deleting the file once it succeeded.
 
-The spool is one flat directory, root's, mode 1733 like /tmp: anyone may add a file, only
-its writer may remove it, and no one but root may list it. A hook runs as whoever owns its
-file, so writing a hook gives no one more rights than they have. A file that is not
-exactly what on_death() writes is refused with a warning, and never runs.
-
-A hook runs at least once: the file goes only after its command succeeded, so an agent
-that dies between the two runs the hook again at its next start. Hooks should therefore
-tolerate finding their resource gone already (a DELETE that answers 404, say).
+A hook runs as whoever owns its file, and at least once: the file goes only after its
+command succeeded. docs/design.md ("On-death hooks") gives the spool's rules and why.
 """
 
 from __future__ import annotations

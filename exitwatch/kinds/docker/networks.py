@@ -38,14 +38,8 @@ def of_project(engine: Engine, project: str, since: float | None, dry_run: bool)
         why = compose.why_older(net.get("Created"), since)
         if why is not None:
             why = f"not removed with compose project {project}: {why}"
-            outcomes.append(Outcome.refusal(why=why, **about))
-        elif dry_run:
-            outcomes.append(Outcome.done(detail="dry run: would remove", **about))
-        elif left:
-            why = f"containers remain in the project: {left}"
-            outcomes.append(Outcome.refusal(why=why, **about))
-        else:
-            outcomes.append(_remove_unused(engine, net["Id"], engine.remove_network, about))
+        remain = f"containers remain in the project: {left}" if left else ""
+        outcomes.append(_one(engine, net["Id"], engine.remove_network, about, why, dry_run, remain))
     return outcomes
 
 
@@ -80,17 +74,33 @@ def labelled(
                 "extra": {"id": item[key]},
             }
             project = labels.get(LABEL_COMPOSE_PROJECT)
+            why = None
             if project in held:
                 why = f"compose project {project} was not removed as a whole"
-                outcomes.append(Outcome.refusal(why=why, **about))
-            elif dry_run:
-                outcomes.append(Outcome.done(detail="dry run: would remove", **about))
-            elif left:
-                why = f"containers of the owner remain: {', '.join(name_of(c) for c in left)}"
-                outcomes.append(Outcome.refusal(why=why, **about))
-            else:
-                outcomes.append(_remove_unused(engine, item[key], call, about))
+            names = ", ".join(map(name_of, left))
+            remain = f"containers of the owner remain: {names}" if left else ""
+            outcomes.append(_one(engine, item[key], call, about, why, dry_run, remain))
     return outcomes
+
+
+def _one(
+    engine: Engine,
+    ident: str,
+    call: Callable[[str], None],
+    about: dict[str, Any],
+    why_not: str | None,
+    dry_run: bool,
+    remain: str,
+) -> Outcome:
+    """One network or volume: left alone `why_not`, or while the containers of `remain`
+    are; else removed unless a container uses it."""
+    if why_not is not None:
+        return Outcome.refusal(why=why_not, **about)
+    if dry_run:
+        return Outcome.done(detail="dry run: would remove", **about)
+    if remain:
+        return Outcome.refusal(why=remain, **about)
+    return _remove_unused(engine, ident, call, about)
 
 
 def _remove_unused(

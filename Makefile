@@ -52,7 +52,7 @@ test: deps lint
 # A Docker engine is started on the default socket if none answers there.
 run: deps
 	@if ! docker -H unix:///var/run/docker.sock version >/dev/null 2>&1; then \
-		tests/engine.sh start /var/lib/exitwatch-engine /var/run/docker.sock; \
+		tests/support/engine.sh start /var/lib/exitwatch-engine /var/run/docker.sock; \
 	fi
 	$(VENV)/bin/exitwatch agent $(ARGS)
 

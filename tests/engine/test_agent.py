@@ -14,8 +14,8 @@ import pytest
 from exitwatch import mark_workdir, owner_labels
 from exitwatch.contract import LABEL_OWNER
 
-from agentproc import Agents, container, exists, wait_gone
-from procs import (
+from support.agentproc import container, exists, wait_gone
+from support.procs import (
     exit_main_thread,
     kill,
     reap,
@@ -28,13 +28,6 @@ from procs import (
 )
 
 SOURCES = ["ebpf", "netlink", "poll"]
-
-
-@pytest.fixture
-def start_agent(engine, workroot, tmp_path):
-    agents = Agents(engine.host, workroot, tmp_path)
-    yield lambda source="netlink", *extra: agents.start(*extra, source=source)
-    agents.stop()
 
 
 def workdir(root: Path, pid: int | None, name: str = "w") -> Path:

@@ -1,6 +1,6 @@
 """Attacks on workdir removal through a real agent: the attacker is an unprivileged user
 (setpriv) whose own process owns a marked workdir under a world-writable root, and who dies
-by SIGKILL. tests/test_workdirs.py attacks the removal code directly; here the whole agent
+by SIGKILL. tests/system/test_workdirs.py attacks the removal code directly; here the whole agent
 path is attacked: discovery, the death, the removal. The victim's checksum never changes."""
 
 from __future__ import annotations
@@ -16,19 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import test_workdirs
-from test_workdirs import as_user, digest, swapping_as
 
 from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import Owner, owner_of
 
-from agentproc import Agent, running
-from procs import kill, spawn_owner, wait_for
-
-# The attacker and the victim tree of the workdir tests, as fixtures here too.
-attacker = test_workdirs.attacker
-victim = test_workdirs.victim
+from support.agentproc import Agent, running
+from support.procs import kill, spawn_owner, wait_for
+from support.users import SYSTEM_PYTHON, as_user, digest, lazy_umount_below, swapping_as
 
 # Reads its owner string, builds its workdir as the attacker, then execs sleep: the same
 # process, so the owner stays valid until it is killed.
@@ -71,7 +66,7 @@ def root() -> Iterator[Path]:
         yield Path(top)
     finally:
         # rmtree would descend into a bind mount and wipe the victim.
-        test_workdirs._lazy_umount_below(top)
+        lazy_umount_below(top)
         shutil.rmtree(top)
 
 
@@ -340,7 +335,7 @@ def test_a_deep_tree_of_long_names_is_removed_in_bounded_memory(agent, root, att
     owner = AttackerOwner(
         attacker,
         root,
-        f'mkdir deep && {test_workdirs.SYSTEM_PYTHON} -I -S -c "$1" deep {DEPTH}'
+        f'mkdir deep && {SYSTEM_PYTHON} -I -S -c "$1" deep {DEPTH}'
         f' && printf %s "$body" > deep/{MARKER}',
         _CHAIN,
     )
@@ -363,10 +358,10 @@ def test_status_since_as_a_user_who_may_not_read_the_audit_log_is_one_line(root,
         )
         os.chmod(config, 0o644)
         script = (
-            f'PYTHONPATH="$1" exec {test_workdirs.SYSTEM_PYTHON} -m exitwatch status'
+            f'PYTHONPATH="$1" exec {SYSTEM_PYTHON} -m exitwatch status'
             ' --since 1h --config "$2" --status-socket "$3"'
         )
-        args = (str(Path(__file__).resolve().parent.parent), str(config), str(root / "none"))
+        args = (str(Path(__file__).resolve().parents[2]), str(config), str(root / "none"))
         proc = as_user(attacker, script, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         _, err = proc.communicate(timeout=60)
     finally:

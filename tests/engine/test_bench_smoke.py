@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-ENGINE_SH = ROOT / "tests" / "engine.sh"
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_SH = ROOT / "tests" / "support" / "engine.sh"
 
 pytestmark = pytest.mark.engine
 

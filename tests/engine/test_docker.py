@@ -20,8 +20,8 @@ from exitwatch.kinds.docker.engine import EngineError, json_array
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner
 
-from conftest import PrivateEngine
-from procs import kill, killed_owner, spawn_owner, wait_for
+from support.engine import PrivateEngine
+from support.procs import kill, killed_owner, spawn_owner, wait_for
 
 COMPOSE_YML = """\
 version: "2.4"

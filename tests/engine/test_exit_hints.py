@@ -19,8 +19,8 @@ from exitwatch import mark_workdir
 from exitwatch.owner import death, owner_of
 from exitwatch.sources import ebpf
 
-from agentproc import Agent, agent_argv, container, exists, wait_gone
-from procs import kill, spawn_owner
+from support.agentproc import Agent, agent_argv, container, exists, wait_gone
+from support.procs import kill, spawn_owner
 
 # clone3 with set_tid: a process with exactly the pid asked for (root only). It lives until
 # its stdin closes; the parent prints its pid and waits for it.

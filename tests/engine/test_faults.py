@@ -24,8 +24,8 @@ from exitwatch import mark_workdir, procfs
 from exitwatch.owner import death, owner_of
 from exitwatch.sources.netlink import RCVBUF_ENV
 
-from agentproc import Agent, agent_argv, container, exists, wait_gone
-from procs import fork_storm, kill, reap, spawn_owner, wait_for
+from support.agentproc import Agent, agent_argv, container, exists, wait_gone
+from support.procs import fork_storm, kill, reap, spawn_owner, wait_for
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import pytest
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
-from procs import kill, spawn_owner, wait_for
+from support.agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
+from support.procs import kill, spawn_owner, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "packaging" / "prometheus" / "exitwatch.rules.yml"
 RULES_TEST = ROOT / "packaging" / "prometheus" / "exitwatch.rules.test.yml"
 DASHBOARD = ROOT / "packaging" / "grafana" / "exitwatch.json"

@@ -28,8 +28,8 @@ from exitwatch.contract import LABEL_OWNER, MARKER, MARKER_MAX_BYTES
 from exitwatch.owner import Owner, OwnerError, current_boot_id
 from exitwatch.service.config import ConfigError, load
 
-from agentproc import Agent, container, exists, running, wait_gone
-from procs import kill, spawn_owner
+from support.agentproc import Agent, container, exists, running, wait_gone
+from support.procs import kill, spawn_owner
 
 EXAMPLES = settings(
     max_examples=25,

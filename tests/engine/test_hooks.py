@@ -19,17 +19,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_agent import start_agent as start_agent  # a real agent, as test_agent starts one
-from test_workdirs import SYSTEM_PYTHON, as_user
-from test_workdirs import attacker as attacker  # the unprivileged user, as a fixture here
 
 from exitwatch import cancel_hook, mark_workdir, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_SUFFIX
 
-from agentproc import Agent, free_port, scrape
-from procs import kill, spawn_owner, state, wait_for
+from support.agentproc import Agent, free_port, scrape
+from support.procs import kill, spawn_owner, state, wait_for
+from support.users import SYSTEM_PYTHON, as_user
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0  # for a correct agent on a loaded machine; bench/hooks.py measures speed
 
 

@@ -8,8 +8,8 @@ from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner
 
-from conftest import PrivateEngine
-from procs import killed_owner
+from support.engine import PrivateEngine
+from support.procs import killed_owner
 
 
 def present(engine: PrivateEngine, kind: str, name: str) -> bool:

@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
-from procs import kill, spawn_owner, wait_for
+from support.agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
+from support.procs import kill, spawn_owner, wait_for
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 EXITWATCH = [sys.executable, "-m", "exitwatch"]
 
 

@@ -10,17 +10,15 @@ import threading
 from pathlib import Path
 
 import pytest
-import test_workdirs
-from test_workdirs import SYSTEM_PYTHON, as_user
 
 from exitwatch import mark_workdir
 from exitwatch.service.metrics import MAX_CONNECTIONS
 
-from agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
-from procs import kill, spawn_owner
+from support.agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
+from support.procs import kill, spawn_owner
+from support.users import SYSTEM_PYTHON, as_user
 
-attacker = test_workdirs.attacker
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # One connection per client, one byte every 0.7 s on each: each request stays unfinished.
 _SLOWLORIS = r"""

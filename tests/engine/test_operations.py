@@ -18,8 +18,8 @@ import pytest
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
-from procs import kill, spawn_owner, wait_for
+from support.agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
+from support.procs import kill, spawn_owner, wait_for
 
 EXITWATCH = [sys.executable, "-m", "exitwatch"]
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import docker
 import h11
 import pytest
-import tools
 
 from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
 from exitwatch.owner import owner_of
 from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, label, listen
+
+from support import tools
 
 OWNER = str(owner_of())
 CLIS = [p for p in ("/usr/local/bin/docker", "/usr/bin/docker") if os.access(p, os.X_OK)]

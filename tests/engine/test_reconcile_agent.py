@@ -10,8 +10,8 @@ from pathlib import Path
 
 from exitwatch import mark_workdir
 
-from agentproc import Agent, agent_argv, wait_gone
-from procs import kill, spawn_owner, wait_for
+from support.agentproc import Agent, agent_argv, wait_gone
+from support.procs import kill, spawn_owner, wait_for
 
 
 def _chattr(flag: str, path: Path) -> None:

@@ -22,8 +22,8 @@ from exitwatch import mark_workdir
 from exitwatch.cli import _since
 from exitwatch.service.status import SEND_TIMEOUT, query, render
 
-from agentproc import Agents, agent_argv, container, wait_gone
-from procs import kill, spawn_owner, wait_for
+from support.agentproc import Agents, agent_argv, container, wait_gone
+from support.procs import kill, spawn_owner, wait_for
 
 EXITWATCH = [sys.executable, "-m", "exitwatch"]
 

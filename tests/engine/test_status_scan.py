@@ -11,7 +11,7 @@ from pathlib import Path
 from exitwatch import mark_workdir
 from exitwatch.contract import MARKER
 
-from procs import kill, spawn_owner
+from support.procs import kill, spawn_owner
 
 BAD = 11
 

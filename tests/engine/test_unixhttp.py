@@ -8,7 +8,7 @@ from docker.errors import APIError, NotFound
 
 from exitwatch.kinds.docker import unixhttp
 
-from agentproc import container, exists
+from support.agentproc import container, exists
 
 
 def _socket(engine) -> str:

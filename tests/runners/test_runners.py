@@ -7,7 +7,7 @@ ends, and a second, live run beside it is never touched.
   port, and a helper container), and its subprocess runtime with a background process
   that starts a session of its own.
 
-Each runner is driven by a small script in the runner's own venv (tests/tools.py) that
+Each runner is driven by a small script in the runner's own venv (tests/support/tools.py) that
 starts it, prints what the run holds as one JSON line, and then waits on stdin for the
 exit status to finish with; the cases end the run otherwise: (a) SIGKILL of the runner
 with no agent, (b) SIGKILL of the wrapper with an agent running, (c) SIGTERM of the
@@ -33,17 +33,20 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-import runners
-import tools
 
 from exitwatch.contract import ENV_OWNER, LABEL_OWNER
 
-from agentproc import Agent, agent_argv
-from procs import wait_for
+from support import runners, tools
+from support.agentproc import Agent, agent_argv
+from support.procs import wait_for
 
-# Once, from the venv: the runners' venvs and the engine are shared by both passes' needs,
-# and the suite's other interpreter would only repeat the same proof.
-pytestmark = pytest.mark.skipif(sys.prefix == "/usr", reason="run by the suite's venv pass")
+# Marked, so that `-m "not runners"` leaves them out. Once, from the venv: the runners'
+# venvs and the engine are shared by both passes' needs, and the suite's other interpreter
+# would only repeat the same proof.
+pytestmark = [
+    pytest.mark.runners,
+    pytest.mark.skipif(sys.prefix == "/usr", reason="run by the suite's venv pass"),
+]
 
 # For a correct wrapper and agent on a loaded 2-core machine, not a measure of speed: the
 # issue's targets (10 s without an agent, 2 s with one) are measured and printed.

@@ -20,7 +20,7 @@ import docker.errors
 
 from exitwatch import owner_labels
 
-from procs import wait_for
+from support.procs import wait_for
 
 
 def agent_argv(

@@ -1,11 +1,15 @@
 #!/bin/bash
 # A private Docker engine (Debian's docker.io dockerd) for the test suite and `make run`.
 #
-#   tests/engine.sh start DIR [SOCKET]  start it unless it already runs, make the test image,
-#                                       and print its DOCKER_HOST (unix://SOCKET) on stdout
-#   tests/engine.sh stop DIR            SIGTERM, wait, then SIGKILL; fine if it is not running
-#   tests/engine.sh image DIR           import the test image unless it is there
-#   tests/engine.sh purge DIR           stop it, unmount what it left mounted, remove DIR
+#   tests/support/engine.sh start DIR [SOCKET]
+#       start it unless it already runs, make the test image, and print its DOCKER_HOST
+#       (unix://SOCKET) on stdout
+#   tests/support/engine.sh stop DIR
+#       SIGTERM, wait, then SIGKILL; fine if it is not running
+#   tests/support/engine.sh image DIR
+#       import the test image unless it is there
+#   tests/support/engine.sh purge DIR
+#       stop it, unmount what it left mounted, remove DIR
 #
 # Everything lives in DIR: data/ (data-root), exec/ (exec-root), daemon.json, dockerd.pid,
 # dockerd.log, and host (the DOCKER_HOST it answers on). containerd's sockets live under

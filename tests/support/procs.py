@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from exitwatch import procfs
@@ -63,6 +64,23 @@ class Child:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+
+def run(
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    check: bool = True,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command; on failure raise with its stderr, which is what one needs to see."""
+    done = subprocess.run(
+        cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
+    return done
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:

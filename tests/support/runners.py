@@ -2,7 +2,7 @@
 bridge (verifiers runs `docker run --network bridge --publish 127.0.0.1::8000`), and the
 image `python:3.11-slim` made offline from busybox and Debian's python3.11.
 
-The engine is tests/engine.sh's, started on a bridge this module creates; both are named
+The engine is tests/support/engine.sh's, started on a bridge this module creates; both are named
 after the test session's process, so those of a session that died are purged by the next.
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import CACHE
-
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
+
+from support.tools import CACHE
 
 ENGINE_SH = Path(__file__).with_name("engine.sh")
 # Under /run, which only root writes: in /tmp a user could plant a symlink here for the

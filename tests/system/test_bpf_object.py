@@ -16,9 +16,9 @@ import pytest
 
 from exitwatch.sources import ebpf
 
-from conftest import run
+from support.procs import run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OBJ = ROOT / "exitwatch" / "sources" / "exitwatch.bpf.o"
 WHEEL_PATH = "exitwatch/sources/exitwatch.bpf.o"
 # The object is committed as Debian 12's clang builds it; another clang emits other bytes.

@@ -29,10 +29,9 @@ from exitwatch.cli import cli
 from exitwatch.service import config as config_module
 from exitwatch.service.config import Config
 
-from conftest import run
-from procs import kill, spawn_owner, wait_for
+from support.procs import kill, run, spawn_owner, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
 PACKAGES = ("exitwatch", "exitwatch-bpf")
 UNIT = "/lib/systemd/system/exitwatch.service"

@@ -15,8 +15,8 @@ from exitwatch.sources.base import Exit, Hint, Lost, SourceError
 from exitwatch.sources.ebpf import EbpfSource
 from exitwatch.sources.poll import PollSource
 
-import procs
-from procs import wait_for
+from support import procs
+from support.procs import wait_for
 
 # A missing object is a broken build, not an unusable host: let the tests fail on it.
 REASON = ebpf.probe() if os.path.exists(ebpf.OBJ_PATH) else None

@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_workdirs import attacker as attacker  # the unprivileged user, as a fixture here
 
 from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
@@ -40,7 +39,7 @@ from exitwatch.kinds.hooks.kind import Hooks
 from exitwatch.kinds.hooks.spool import MAX_PER_UID
 from exitwatch.owner import Owner
 
-from procs import kill, spawn_owner, state, wait_for
+from support.procs import kill, spawn_owner, state, wait_for
 
 EXAMPLES = settings(
     max_examples=200,

@@ -8,8 +8,8 @@ from pathlib import Path
 from exitwatch import mark_workdir
 from exitwatch.kinds.workdirs.kind import Workdirs
 
-from agentproc import Agent, agent_argv, wait_gone
-from procs import kill, spawn_owner
+from support.agentproc import Agent, agent_argv, wait_gone
+from support.procs import kill, spawn_owner
 
 
 def nest(top: Path) -> tuple[Path, Path, Path]:

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import test_workdirs
-from test_workdirs import as_user
 
 from exitwatch import procfs
 from exitwatch.kinds.base import Resource, Snapshot
@@ -33,10 +31,9 @@ from exitwatch.owner import Owner, owner_of
 from exitwatch.service.config import Config
 from exitwatch.service.daemon import make_kinds
 
-from agentproc import Agent, running
-from procs import wait_for
-
-attacker = test_workdirs.attacker  # here: the user whose run it is
+from support.agentproc import Agent, running
+from support.procs import wait_for
+from support.users import as_user
 
 # The wrapper: reads its owner string, starts a leftover in a session of its own that
 # tells its pid, then stays (exec keeps the pid and start time, so the owner stays valid).

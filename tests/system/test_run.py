@@ -17,17 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import test_workdirs
 
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
 
-from agentproc import GONE_DEADLINE, running
-from procs import wait_for
+from support.agentproc import GONE_DEADLINE, running
+from support.procs import wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, "-m", "exitwatch", "run"]
-attacker = test_workdirs.attacker
 
 
 @pytest.fixture

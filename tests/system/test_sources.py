@@ -15,10 +15,10 @@ from exitwatch.sources.base import Exit, Hint, Lost, SourceError
 from exitwatch.sources.netlink import NetlinkSource
 from exitwatch.sources.poll import PollSource
 
-import procs
-from procs import wait_for
+from support import procs
+from support.procs import wait_for
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # As in test_ebpf.py: a missing object is a broken build, not a host without eBPF.
 EBPF_PROBLEM = ebpf.probe() if os.path.exists(ebpf.OBJ_PATH) else None
 

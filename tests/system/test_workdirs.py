@@ -7,7 +7,6 @@ root-owned tree outside them whose checksum must never change.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -20,7 +19,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,20 +30,10 @@ from exitwatch.kinds.workdirs import watch as workdir_watch
 from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import Owner, current_boot_id, owner_of
 
-from procs import reused_pid_owner, wait_for
+from support.procs import reused_pid_owner, wait_for
+from support.users import SYSTEM_PYTHON, as_user, digest, lazy_umount_below, run_as, swapping_as
 
 DEAD = reused_pid_owner()
-
-ATTACKER = "exitwatch-test"
-# The attacker cannot run pyenv's interpreter under /root; Debian's is world-readable.
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def _lazy_umount_below(top: str) -> None:
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    for point in sorted((p for p in points if p.startswith(top + "/")), reverse=True):
-        subprocess.run(["umount", "-l", point], check=False)
 
 
 @pytest.fixture
@@ -57,72 +45,8 @@ def root() -> Iterator[Path]:
         yield Path(top)
     finally:
         # rmtree would descend into a bind mount and wipe the victim.
-        _lazy_umount_below(top)
+        lazy_umount_below(top)
         shutil.rmtree(top)
-
-
-@pytest.fixture
-def victim() -> Iterator[Path]:
-    """A root-owned tree outside every root, with a file, a subdirectory and a symlink."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-victim-", dir="/tmp"))
-    os.chmod(top, 0o755)
-    (top / "precious").write_text("do not remove\n")
-    (top / "sub" / "deeper").mkdir(parents=True)
-    (top / "sub" / "deeper" / "data").write_bytes(os.urandom(256))
-    (top / "link").symlink_to("precious")
-    try:
-        yield top
-    finally:
-        _lazy_umount_below(str(top))
-        shutil.rmtree(top)
-
-
-def digest(top: Path) -> str:
-    """A checksum of a tree: names, types, modes, owners, contents and link targets."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            h.update(f"{os.path.relpath(p, top)}\0{st.st_mode}\0{st.st_uid}\0".encode())
-            if stat.S_ISREG(st.st_mode):
-                h.update(Path(p).read_bytes())
-            elif stat.S_ISLNK(st.st_mode):
-                h.update(os.readlink(p).encode())
-    return h.hexdigest()
-
-
-@pytest.fixture(scope="session")
-def attacker() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(ATTACKER)
-    except KeyError:
-        # Another test session may be adding it at the same time: look again, whoever won.
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER],
-            check=False,
-            capture_output=True,
-        )
-        return pwd.getpwnam(ATTACKER)
-
-
-def as_user(user: pwd.struct_passwd, script: str, *args: str, **popen: Any) -> subprocess.Popen:
-    """Run a shell script with the user's real privileges (no root, no groups)."""
-    ids = [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
-    return subprocess.Popen(["setpriv", *ids, "/bin/sh", "-c", script, "sh", *args], **popen)
-
-
-def swapping_as(user: pwd.struct_passwd, swapper: str, wd: Path, victim: Path) -> subprocess.Popen:
-    """The Python script `swapper` (argv: WD VICTIM) run as `user` on Debian's python3,
-    swapping things under `wd` for symlinks to `victim`; its stdout is a pipe."""
-    script = f'exec {SYSTEM_PYTHON} -I -S -c "$1" "$2" "$3"'
-    return as_user(user, script, swapper, str(wd), str(victim), stdout=subprocess.PIPE)
-
-
-def run_as(user: pwd.struct_passwd, script: str, *args: str) -> None:
-    proc = as_user(user, script, *args)
-    assert proc.wait(timeout=30) == 0, f"{script!r} failed as {user.pw_name}"
 
 
 @pytest.fixture(params=["openat2", "fallback"])

@@ -15,7 +15,7 @@ from exitwatch.kinds.base import Resource as Res
 from exitwatch.service.config import Config
 from exitwatch.sources.base import Lost
 
-from procs import reused_pid_owner, wait_for
+from support.procs import reused_pid_owner, wait_for
 
 DEAD = reused_pid_owner()
 

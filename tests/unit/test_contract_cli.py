@@ -13,7 +13,7 @@ from exitwatch.contract import LABEL_OWNER, MARKER
 from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import current_boot_id, owner_of
 
-from agentproc import exists
+from support.agentproc import exists
 
 EXITWATCH = shlex.join([sys.executable, "-m", "exitwatch"])
 # The shell's own owner string, printed by the shell itself before it exits.

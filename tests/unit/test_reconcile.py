@@ -18,7 +18,7 @@ from exitwatch.kinds.base import Resource as Res
 from exitwatch.owner import owner_of
 from exitwatch.service.config import Config, ConfigError, load
 
-from procs import reused_pid_owner, wait_for
+from support.procs import reused_pid_owner, wait_for
 
 DEAD = reused_pid_owner()
 ALIVE = owner_of(os.getpid())

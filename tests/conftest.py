@@ -32,6 +32,7 @@ from exitwatch.owner import Owner, current_boot_id, death, owner_of
 
 from support.engine import ENGINE_SH, IMAGE, PrivateEngine
 from support.procs import kill, run, spawn_owner
+from support.runs import FakeRun
 from support.users import attacker_user, lazy_umount_below
 
 # Short: containerd's sockets live under it, and unix socket paths hold at most 107 bytes.
@@ -171,3 +172,21 @@ def victim() -> Iterator[Path]:
     finally:
         lazy_umount_below(str(top))
         shutil.rmtree(top)
+
+
+@pytest.fixture
+def bases() -> Iterator[Path]:
+    """A short directory standing for the caller's TMPDIR and XDG_RUNTIME_DIR, so that what a
+    run leaves when it is SIGKILLed lands there and goes with the test."""
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-runbase-", dir="/tmp"))
+    yield top
+    shutil.rmtree(top)
+
+
+@pytest.fixture
+def runs() -> Iterator[list[FakeRun]]:
+    """The fake runs a test makes (support/runs.py), closed after it."""
+    made: list[FakeRun] = []
+    yield made
+    for fake in made:
+        fake.close()

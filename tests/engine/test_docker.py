@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
-import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -16,7 +14,6 @@ import pytest
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.kinds.base import Change, Found, Gone, Resource, Snapshot
-from exitwatch.kinds.docker.engine import EngineError, json_array
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner
 
@@ -124,14 +121,6 @@ def test_scan_names_the_compose_project_as_group(engine: PrivateEngine, kind: Co
     assert (r.key, r.group) == (cid, "ewproj")
 
 
-def test_without_an_engine_ping_says_so_and_scan_raises(tmp_path: Path) -> None:
-    nowhere = Containers(f"unix://{tmp_path}/docker.sock")
-    problem = nowhere.ping()
-    assert problem is not None and str(tmp_path) in problem and "\n" not in problem
-    with pytest.raises(EngineError, match=str(tmp_path)):
-        nowhere.scan()
-
-
 def test_ping_answers_none_when_the_engine_answers(engine: PrivateEngine, kind: Containers) -> None:
     assert kind.ping() is None
 
@@ -166,15 +155,6 @@ def test_start_sends_a_snapshot_then_found_and_gone(
     next_change(changes, gone(later))
 
     kind.stop()
-    assert "exitwatch-docker-events" not in {t.name for t in threading.enumerate()}
-
-
-def test_stop_ends_the_thread_even_without_an_engine(tmp_path: Path) -> None:
-    nowhere = Containers(f"unix://{tmp_path}/docker.sock")
-    nowhere.start(lambda change: None)
-    wait_for(lambda: nowhere.last_error, what="a failed connection")
-    assert not nowhere.connected
-    nowhere.stop()
     assert "exitwatch-docker-events" not in {t.name for t in threading.enumerate()}
 
 
@@ -519,26 +499,3 @@ def test_an_unlabelled_sibling_older_than_the_owner_is_refused(
     assert any(
         older[:12] in o.what and "created before its owner started" in o.detail for o in refused
     ), refused
-
-
-def test_json_array_yields_items_whatever_the_chunk_boundaries():
-    items = [{"Id": str(n), "Names": ["/é-ü-" + "x" * n]} for n in range(50)]
-    body = json.dumps(items, ensure_ascii=False).encode()
-    for size in (1, 2, 3, 7, 64, len(body)):
-        chunks = [body[i : i + size] for i in range(0, len(body), size)]
-        assert list(json_array(chunks)) == items
-    assert list(json_array([b"[", b"]"])) == []
-
-
-@pytest.mark.parametrize(
-    ("chunks", "why"),
-    [
-        ([b'[{"Id": "a"}, {"Id": "b'], 'before its closing bracket: \'{"Id": "b\''),
-        ([b'{"Id": "a"}]'], "not a JSON array"),
-        ([b"[1", b"23]"], "non-object"),
-        ([b'[{"Id": "a"}, [{"Id": "b"}]]'], "non-object"),
-    ],
-)
-def test_json_array_refuses_what_is_not_a_whole_listing(chunks, why):
-    with pytest.raises(ValueError, match=re.escape(why)):
-        list(json_array(chunks))

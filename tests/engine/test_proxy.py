@@ -20,9 +20,9 @@ import docker
 import h11
 import pytest
 
-from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
+from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
-from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, label, listen
+from exitwatch.runner.proxy import Proxy, listen
 
 from support import tools
 
@@ -64,51 +64,6 @@ def labels_of(engine, kind: str, name: str) -> dict[str, str]:
         "volume": lambda: api.inspect_volume(name),
     }[kind]()
     return info.get("Labels") or {}
-
-
-# -- pure logic --------------------------------------------------------------------------------
-
-
-def test_label_adds_the_owner_and_keeps_the_rest() -> None:
-    body = json.dumps({"Image": "x", "Labels": {"a": "b"}}).encode()
-    assert json.loads(label(body, OWNER)) == {
-        "Image": "x",
-        "Labels": {"a": "b", LABEL_OWNER: OWNER},
-    }
-    assert json.loads(label(b'{"Name": "n", "Labels": null}', OWNER))["Labels"] == {
-        LABEL_OWNER: OWNER
-    }
-    assert json.loads(label(b'{"Name": "n"}', OWNER))["Labels"] == {LABEL_OWNER: OWNER}
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        json.dumps({"Labels": {LABEL_OWNER: "someone else"}}).encode(),
-        json.dumps({"Labels": {LABEL_KEEP: "True"}}).encode(),
-        b"[1, 2]",
-        b"not json",
-        b"",
-        b'{"Labels": "a string"}',
-    ],
-)
-def test_label_leaves_alone_what_it_must(body: bytes) -> None:
-    assert label(body, OWNER) == body
-
-
-def test_engine_path() -> None:
-    assert engine_path({}) == "/var/run/docker.sock"
-    assert engine_path({"DOCKER_HOST": "unix:///run/x.sock"}) == "/run/x.sock"
-    for host in ("tcp://127.0.0.1:2375", "ssh://me@host", "unix://"):
-        with pytest.raises(ProxyError, match="only an engine on a unix socket"):
-            engine_path({"DOCKER_HOST": host})
-
-
-def test_a_socket_path_too_long_is_one_line(tmp_path: Path) -> None:
-    deep = tmp_path / ("d" * 100)
-    deep.mkdir()
-    with pytest.raises(ProxyError, match="too long for a unix socket"):
-        listen(str(deep))
 
 
 # -- the docker CLI ----------------------------------------------------------------------------

@@ -42,8 +42,3 @@ def test_anything_but_success_is_an_error_even_a_redirect(engine):
     with pytest.raises(APIError) as caught:
         unixhttp.remove_container(_socket(engine), engine.client.api.api_version, "../x", 15.0)
     assert not isinstance(caught.value, NotFound)
-
-
-def test_no_engine_is_an_os_error(tmp_path):
-    with pytest.raises(OSError):
-        unixhttp.remove_container(str(tmp_path / "none.sock"), "1.41", "x", 1.0)

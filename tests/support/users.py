@@ -71,3 +71,9 @@ def swapping_as(user: pwd.struct_passwd, swapper: str, wd: Path, victim: Path) -
 def run_as(user: pwd.struct_passwd, script: str, *args: str) -> None:
     proc = as_user(user, script, *args)
     assert proc.wait(timeout=30) == 0, f"{script!r} failed as {user.pw_name}"
+
+
+def setpriv_argv(user: pwd.struct_passwd, *argv: str) -> list[str]:
+    """`argv` to run with the user's real privileges (no root, no groups), without a shell."""
+    ids = [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+    return ["setpriv", *ids, *argv]

@@ -1,5 +1,6 @@
-"""`exitwatch run` as a user runs it: real commands, real signals, a real pty, the private
-engine, and a real unprivileged user."""
+"""`exitwatch run` as a user runs it: real commands, real signals, a real pty, and a real
+unprivileged user. engine/test_run_engine.py runs it with the private engine,
+unit/test_run_cli.py has its refusals of bad use."""
 
 from __future__ import annotations
 
@@ -13,43 +14,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
 
-from support.agentproc import GONE_DEADLINE, running
 from support.procs import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
-RUN = [sys.executable, "-m", "exitwatch", "run"]
-
-
-@pytest.fixture
-def bases() -> Iterator[Path]:
-    """A short directory standing for the caller's TMPDIR and XDG_RUNTIME_DIR, so that what a
-    run leaves when it is SIGKILLed lands there and goes with the test."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-runbase-", dir="/tmp"))
-    yield top
-    shutil.rmtree(top)
-
-
-def env_for(bases: Path, engine=None, **extra: str) -> dict[str, str]:
-    # Without the engine, one that is not there: cleanup then has nothing to ask.
-    env = engine.env() if engine else os.environ | {"DOCKER_HOST": f"unix://{bases}/none.sock"}
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return (
-        env
-        | {"TMPDIR": str(bases), "XDG_RUNTIME_DIR": str(bases), "PYTHONPATH": pythonpath}
-        | extra
-    )
-
-
-def run(args: list[str], env: dict[str, str], **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(RUN + args, env=env, capture_output=True, text=True, timeout=120, **kw)
+from support.wrapper import REPO, RUN, env_for, run
 
 
 def gone(pid: int) -> bool:
@@ -60,7 +32,7 @@ def gone(pid: int) -> bool:
         return True
 
 
-# -- exit status and bad use -------------------------------------------------------------------
+# -- exit status -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("script", "code"), [("exit 0", 0), ("exit 3", 3), ("kill -9 $$", 137)])
@@ -79,26 +51,6 @@ def test_a_command_not_found_or_not_executable_is_127_or_126(bases, tmp_path) ->
     plain.write_text("echo not run\n")
     done = run(["--", str(plain)], env_for(bases))
     assert (done.returncode, done.stderr.count("\n")) == (126, 1), done.stderr
-    assert list(bases.iterdir()) == []
-
-
-@pytest.mark.parametrize(
-    "args", [[], ["--"], ["--bogus", "--", "touch", "ran"], ["--grace", "x", "--", "touch", "ran"]]
-)
-def test_bad_use_is_one_line_and_exit_2(bases, tmp_path, args) -> None:
-    done = run(args, env_for(bases), cwd=tmp_path)
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("exitwatch run: "), done.stderr
-    assert not (tmp_path / "ran").exists()
-    assert list(bases.iterdir()) == []
-
-
-def test_an_engine_that_is_not_a_unix_socket_is_refused(bases, tmp_path) -> None:
-    env = env_for(bases, DOCKER_HOST="tcp://127.0.0.1:2375")
-    done = run(["--", "touch", "ran"], env, cwd=tmp_path)
-    assert done.returncode == 125
-    assert done.stderr.count("\n") == 1 and "only an engine on a unix socket" in done.stderr
-    assert not (tmp_path / "ran").exists()
     assert list(bases.iterdir()) == []
 
 
@@ -280,44 +232,7 @@ def test_cmd_dies_with_the_wrapper(bases, tmp_path) -> None:
     wait_for(lambda: gone(pid), what=f"CMD {pid} killed by its parent's death")
 
 
-# -- with the engine ---------------------------------------------------------------------------
-
-MAKES = r"""
-docker run -d --name made $IMAGE sleep 1000 >/dev/null
-docker network create madenet >/dev/null
-docker volume create madevol >/dev/null
-mkdir -p "$TMPDIR/a/b" && echo x > "$TMPDIR/a/b/f"
-echo "$TMPDIR"
-kill -9 $$
-"""
-
-
-def test_everything_goes_after_cmd_is_sigkilled(engine, bases) -> None:
-    engine.docker("run", "-d", "--name", "outsider", engine.image, "sleep", "1000")
-    done = run(["--", "sh", "-c", MAKES], env_for(bases, engine, IMAGE=engine.image))
-    assert done.returncode == 137, done.stderr
-    assert "exitwatch run" not in done.stderr  # nothing it could not remove
-    api = engine.client.api
-    owned = {"label": LABEL_OWNER}
-    assert api.containers(all=True, filters=owned) == []
-    assert api.networks(filters=owned) == []
-    assert api.volumes(filters=owned)["Volumes"] in (None, [])
-    assert [c["Names"] for c in api.containers(all=True)] == [["/outsider"]]
-    assert list(bases.iterdir()) == []
-
-
-def test_status_shows_a_run_like_any_owner(engine, bases, tmp_path) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(f'workdir_roots = ["{bases}"]\nstatus_socket = "{tmp_path}/none"\n')
-    script = (
-        "docker run -d --name held $IMAGE sleep 1000 >/dev/null; "
-        f"{sys.executable} -m exitwatch status --json --config {config}; true"
-    )
-    done = run(["--", "sh", "-c", script], env_for(bases, engine, IMAGE=engine.image))
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
-    (entry,) = [o for o in doc["owners"] if any(c["name"] == "held" for c in o["containers"])]
-    assert len(entry["workdirs"]) == 2 and all(Path(w).parent == bases for w in entry["workdirs"])
+# -- as an unprivileged caller -----------------------------------------------------------------
 
 
 def test_an_unprivileged_caller_cleans_up_with_its_own_rights(attacker, tmp_path) -> None:
@@ -360,73 +275,3 @@ def test_an_unprivileged_caller_cleans_up_with_its_own_rights(attacker, tmp_path
         assert Path("/etc/passwd").exists()
     finally:
         shutil.rmtree(top)
-
-
-MAKES_AND_WAITS = r"""
-docker run -d --name made $IMAGE sleep 1000 >/dev/null
-docker network create madenet >/dev/null
-docker volume create madevol >/dev/null
-docker network create --label exitwatch.keep=true keptnet >/dev/null
-echo "$TMPDIR"
-exec sleep 1000
-"""
-
-
-def test_the_agent_reaps_a_sigkilled_wrapper(engine, workroot, tmp_path) -> None:
-    live = {LABEL_OWNER: str(owner_of())}  # another run's, alive: it stays
-    engine.client.api.create_network("livenet", labels=live)
-    engine.client.api.create_volume("livevol", labels=live)
-    with running(engine, workroot, tmp_path / "agent.log") as agent:
-        proc = subprocess.Popen(
-            [*RUN, "--", "sh", "-c", MAKES_AND_WAITS],
-            env=env_for(workroot, engine, IMAGE=engine.image),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert Path(proc.stdout.readline().strip()).parent == workroot
-        agent.wait_holding(proc.pid, containers=1, workdirs=2)
-        proc.kill()
-        proc.wait()
-        api = engine.client.api
-
-        def reaped() -> bool:
-            names = [n["Name"] for n in api.networks(filters={"label": LABEL_OWNER})]
-            vols = [v["Name"] for v in api.volumes(filters={"label": LABEL_OWNER})["Volumes"] or []]
-            return (
-                not api.containers(all=True, filters={"label": LABEL_OWNER})
-                and names == ["livenet"]
-                and vols == ["livevol"]
-                and not list(workroot.iterdir())
-            )
-
-        wait_for(reaped, timeout=GONE_DEADLINE, what="the killed run's resources reaped")
-        # Asked to be kept, it was not labelled, and it stays.
-        assert LABEL_OWNER not in (api.inspect_network("keptnet")["Labels"] or {})
-
-
-def test_a_tmpdir_that_cannot_hold_the_runs_directory_is_one_line(bases, tmp_path) -> None:
-    done = run(["--", "touch", "ran"], env_for(bases, TMPDIR=str(tmp_path / "none")), cwd=tmp_path)
-    assert done.returncode == 125
-    where = tmp_path / "none"
-    assert done.stderr == f"exitwatch run: cannot make the run's directory in {where}: " + (
-        "No such file or directory\n"
-    )
-    assert not (tmp_path / "ran").exists()
-    assert list(bases.iterdir()) == []  # the socket's directory, made first, went too
-
-
-def test_everything_goes_after_a_sigterm_to_the_wrapper(engine, bases) -> None:
-    proc = subprocess.Popen(
-        [*RUN, "--", "sh", "-c", MAKES_AND_WAITS],
-        env=env_for(bases, engine, IMAGE=engine.image),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert Path(proc.stdout.readline().strip()).parent == bases
-    proc.send_signal(signal.SIGTERM)  # to sleep, which dies of it
-    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
-    api = engine.client.api
-    owned = {"label": LABEL_OWNER}
-    assert api.containers(all=True, filters=owned) == []
-    assert api.networks(filters=owned) == [] and not api.volumes(filters=owned)["Volumes"]
-    assert list(bases.iterdir()) == []

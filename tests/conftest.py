@@ -33,7 +33,8 @@ from exitwatch.owner import Owner, current_boot_id, death, owner_of
 from support.engine import ENGINE_SH, IMAGE, PrivateEngine
 from support.procs import kill, run, spawn_owner
 from support.runs import FakeRun
-from support.users import attacker_user, lazy_umount_below
+from support.trees import lazy_umount_below
+from support.users import attacker_user
 
 # Short: containerd's sockets live under it, and unix socket paths hold at most 107 bytes.
 BASE = Path("/tmp/exitwatch-engine")

@@ -23,7 +23,8 @@ from exitwatch.owner import Owner, owner_of
 
 from support.agentproc import Agent, running
 from support.procs import kill, spawn_owner, wait_for
-from support.users import SYSTEM_PYTHON, as_user, digest, lazy_umount_below, swapping_as
+from support.trees import digest, lazy_umount_below
+from support.users import SYSTEM_PYTHON, as_user, swapping_as
 
 # Reads its owner string, builds its workdir as the attacker, then execs sleep: the same
 # process, so the owner stays valid until it is killed.

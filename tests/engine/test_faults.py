@@ -1,18 +1,16 @@
 """Faults the agent must survive: the engine killed or absent, the agent itself killed, the
-kernel dropping exit events, /proc entries vanishing mid-read, and a removal that keeps
-failing. Real agent processes, a real engine, real signals."""
+kernel dropping exit events, a removal that keeps failing, a full fd table, too few inotify
+watches. Real agent processes, a real engine, real signals. /proc entries vanishing
+mid-read are in unit/test_procfs_vanishing.py and system/test_procfs_races.py."""
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -20,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from exitwatch import mark_workdir, procfs
-from exitwatch.owner import death, owner_of
+from exitwatch import mark_workdir
 from exitwatch.sources.netlink import RCVBUF_ENV
 
 from support.agentproc import Agent, agent_argv, container, exists, wait_gone
@@ -148,74 +145,6 @@ def test_enobufs_during_a_fork_storm_misses_no_reap(engine, agents, workroot, tm
     assert all((d / "sub" / "data").exists() for d in kept)
     for owner in alive:
         reap(owner)
-
-
-# /proc entries vanish mid-read
-
-
-@pytest.fixture
-def vanishing_open(monkeypatch: pytest.MonkeyPatch):
-    """Make procfs's next open() end the given process after opening its file: the read
-    that follows meets a process that is gone, as it would in a real race."""
-
-    def arm(child) -> None:
-        def open_then_vanish(*args, **kwargs):
-            f = builtins.open(*args, **kwargs)  # noqa: SIM115 - the caller closes it
-            monkeypatch.delattr(procfs, "open")
-            kill(child)
-            return f
-
-        monkeypatch.setattr(procfs, "open", open_then_vanish, raising=False)
-
-    return arm
-
-
-def test_stat_of_a_process_that_vanishes_between_open_and_read(vanishing_open):
-    child = spawn_owner()
-    owner = owner_of(child.pid)
-    vanishing_open(child)
-    with pytest.raises(ProcessLookupError):
-        procfs.read_stat(child.pid)
-    assert death(owner) == "process gone"
-
-
-def test_owner_death_vanishing_mid_read_is_dead_not_an_error(vanishing_open):
-    child = spawn_owner()
-    owner = owner_of(child.pid)
-    vanishing_open(child)
-    assert death(owner) == "process gone"
-
-
-_THREADS_THEN_EXIT = (
-    "import threading, os\n"
-    "ts = [threading.Thread(target=os.getpid) for _ in range(8)]\n"
-    "[t.start() for t in ts]\n"
-    "os._exit(0)\n"
-)
-
-
-def test_readers_racing_exiting_processes_raise_only_process_lookup():
-    """Processes with threads exit while every reader runs against them, in a loop."""
-    unexpected: list[BaseException] = []
-    for _ in range(60):
-        child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _THREADS_THEN_EXIT])
-        owner = owner_of(child.pid)  # taken at fork, before any exit
-        while True:
-            try:
-                for tid in procfs.thread_ids(child.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        procfs.read_stat(child.pid, tid=tid)
-                procfs.read_stat(child.pid)
-            except ProcessLookupError:
-                pass
-            except Exception as err:  # anything else is a reader bug
-                unexpected.append(err)
-                break
-            if death(owner) is not None:
-                break
-        child.wait()
-        assert death(owner) == "process gone"
-    assert not unexpected, unexpected
 
 
 # A removal that keeps failing

@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import pytest
 from exitwatch import mark_workdir
 
 from support.agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
+from support.cli import exitwatch
 from support.procs import kill, spawn_owner, wait_for
-
-EXITWATCH = [sys.executable, "-m", "exitwatch"]
 
 
 @pytest.fixture
@@ -37,10 +35,6 @@ def run_agent(engine, root, tmp_path):
     agents = Agents(engine.host, root / "work", tmp_path)
     yield agents.start
     agents.stop()
-
-
-def exitwatch(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*EXITWATCH, *args], capture_output=True, text=True, timeout=60, **kw)
 
 
 def status(agent: Agent, *args: str) -> subprocess.CompletedProcess[str]:
@@ -116,38 +110,6 @@ def test_status_with_no_agent_scans_read_only_and_exits_3(engine, root, tmp_path
     assert str(path) in orphan["what"]
     assert exists(engine, cid) and path.exists()  # nothing removed
     kill(alive)
-
-
-@pytest.mark.parametrize(
-    ("body", "expected"),
-    [
-        ("colour = 3\n", "unknown key 'colour'"),
-        ('poll_interval = "fast"\n', "poll_interval: expected a number, got 'fast'"),
-        ('source = "psychic"\n', "source: expected one of auto, ebpf, netlink, poll"),
-        ("workdir_depth = 0\n", "workdir_depth: expected an integer in 1..16, got 0"),
-        ('workdir_roots = "/tmp"\n', "workdir_roots: expected a list of strings"),
-        ('metrics_addr = "localhost"\n', "metrics_addr: expected HOST:PORT"),
-        ('docker_host = "tcp://10.0.0.5:2375"\n', "docker_host: expected a local engine's unix://"),
-        ("dry_run = [\n", "not valid TOML"),
-    ],
-)
-def test_config_errors_are_one_line_and_stop_the_agent(tmp_path, body, expected):
-    config = tmp_path / "config.toml"
-    config.write_text(body)
-    done = exitwatch("agent", "--config", str(config))
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith(f"Error: {config}: ")
-    assert expected in lines[0]
-
-
-def test_missing_config_file_is_one_line(tmp_path):
-    done = exitwatch("agent", "--config", str(tmp_path / "nope.toml"))
-    assert done.returncode != 0
-    assert done.stderr.strip() == (
-        f"Error: {tmp_path / 'nope.toml'}: cannot read: No such file or directory"
-    )
 
 
 def test_flags_override_the_config_file(engine, run_agent, tmp_path):
@@ -328,33 +290,3 @@ def test_status_socket_ignores_what_clients_send_and_survives_ones_that_never_re
         for s in hostile:
             s.close()
     kill(alive)
-
-
-def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
-    env = os.environ | {"DOCKER_HOST": "tcp://10.0.0.5:2375"}
-    done = exitwatch("reap", "--workdir-root", str(tmp_path), env=env)
-    assert done.returncode != 0
-    assert done.stderr.strip() == (
-        "Error: docker_host: expected a local engine's unix:// socket (owners are processes "
-        "of this host), got 'tcp://10.0.0.5:2375'"
-    )
-
-
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["labels"], "Error: not in the host's pid namespace"),
-        (["mark", "/tmp"], "Error: not in the host's pid namespace"),
-        (["agent"], "Error: exitwatch agent must run in the host's pid namespace"),
-        (["reap"], "Error: exitwatch reap must run in the host's pid namespace"),
-    ],
-)
-def test_nothing_is_named_or_judged_from_another_pid_namespace(argv, expected):
-    done = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", *EXITWATCH, *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode != 0
-    assert done.stderr.startswith(expected), done.stderr

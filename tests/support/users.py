@@ -1,13 +1,9 @@
-"""The unprivileged user of the tests (the attacker, or the user whose run it is), how to
-act as it, and a checksum of the root-owned victim tree it must never change. The
-`attacker` and `victim` fixtures (tests/conftest.py) are built on these."""
+"""The unprivileged user of the tests (the attacker, or the user whose run it is), and how
+to act as it. The `attacker` fixture (tests/conftest.py) is built on these."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import pwd
-import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,30 +25,6 @@ def attacker_user() -> pwd.struct_passwd:
             capture_output=True,
         )
         return pwd.getpwnam(ATTACKER)
-
-
-def lazy_umount_below(top: str) -> None:
-    """Unmount (lazily) whatever is mounted below `top`, deepest first."""
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    for point in sorted((p for p in points if p.startswith(top + "/")), reverse=True):
-        subprocess.run(["umount", "-l", point], check=False)
-
-
-def digest(top: Path) -> str:
-    """A checksum of a tree: names, types, modes, owners, contents and link targets."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            h.update(f"{os.path.relpath(p, top)}\0{st.st_mode}\0{st.st_uid}\0".encode())
-            if stat.S_ISREG(st.st_mode):
-                h.update(Path(p).read_bytes())
-            elif stat.S_ISLNK(st.st_mode):
-                h.update(os.readlink(p).encode())
-    return h.hexdigest()
 
 
 def as_user(user: pwd.struct_passwd, script: str, *args: str, **popen: Any) -> subprocess.Popen:

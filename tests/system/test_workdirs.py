@@ -31,7 +31,8 @@ from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import Owner, current_boot_id, owner_of
 
 from support.procs import reused_pid_owner, wait_for
-from support.users import SYSTEM_PYTHON, as_user, digest, lazy_umount_below, run_as, swapping_as
+from support.trees import digest, lazy_umount_below
+from support.users import SYSTEM_PYTHON, as_user, run_as, swapping_as
 
 DEAD = reused_pid_owner()
 

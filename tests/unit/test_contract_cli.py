@@ -1,5 +1,6 @@
 """`exitwatch labels` and `exitwatch mark` as the README shows them used: from a shell, the
-default owner being the caller (the shell), with the real engine and real directories."""
+default owner being the caller (the shell), with real directories. The docker-args format
+on a real engine is engine/test_labels_docker_args.py's."""
 
 from __future__ import annotations
 
@@ -11,29 +12,11 @@ import sys
 
 from exitwatch.contract import LABEL_OWNER, MARKER
 from exitwatch.kinds.workdirs.kind import Workdirs
-from exitwatch.owner import current_boot_id, owner_of
+from exitwatch.owner import owner_of
 
-from support.agentproc import exists
+from support.cli import sh
 
 EXITWATCH = shlex.join([sys.executable, "-m", "exitwatch"])
-# The shell's own owner string, printed by the shell itself before it exits.
-SELF = 'echo "$$ $(cut -d" " -f22 /proc/$$/stat)"'
-
-
-def sh(script: str, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
-    """Run `script` in sh, which prints its own owner last; (that owner, the other lines)."""
-    done = subprocess.run(
-        ["sh", "-c", f"{script}\n{SELF}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    *lines, last = done.stdout.strip().splitlines()
-    pid, start = last.split()
-    return f"{current_boot_id()}:{pid}:{start}", lines
 
 
 def test_labels_json_names_the_caller():
@@ -52,15 +35,6 @@ def test_labels_json_names_the_caller():
 def test_labels_env_exports_the_shells_owner():
     owner, lines = sh(f'eval "$({EXITWATCH} labels --format env)"\necho "$EXITWATCH_OWNER"')
     assert lines == [owner]
-
-
-def test_labels_docker_args_label_a_container_with_the_shells_owner(engine):
-    script = f"docker run -d $({EXITWATCH} labels --format docker-args) {engine.image} sleep 60"
-    owner, lines = sh(script, env=engine.env())
-    [cid] = lines
-    assert exists(engine, cid)
-    labels = engine.client.api.inspect_container(cid)["Config"]["Labels"]
-    assert labels[LABEL_OWNER] == owner
 
 
 def test_mark_marks_a_workdir_of_the_caller(workroot):

@@ -1,0 +1,20 @@
+"""What the tests of packaging/ share: the Prometheus rules and the Grafana dashboard they
+check, and the environment the installed package runs in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
+RULES = PACKAGING / "prometheus" / "exitwatch.rules.yml"
+RULES_TEST = PACKAGING / "prometheus" / "exitwatch.rules.test.yml"
+DASHBOARD = PACKAGING / "grafana" / "exitwatch.json"
+# What the environment of a root shell on a bench host looks like: no pyenv, no tree.
+DEBIAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
+
+
+def dashboard_exprs() -> list[str]:
+    """The PromQL of every panel of the dashboard."""
+    doc = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]

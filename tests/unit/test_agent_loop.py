@@ -1,6 +1,6 @@
-"""The agent's loop on its own, with a fake kind: retries, re-admission during a removal,
-coalesced resyncs, a bad item. The owners are real: this process (alive) and this
-process's pid with another start time (a reused pid: dead)."""
+"""The agent's loop on its own, with the fake kind of support/things.py: retries,
+re-admission during a removal, coalesced resyncs, a bad item. The owners are real: this
+process (alive) and this process's pid with another start time (a reused pid: dead)."""
 
 from __future__ import annotations
 
@@ -10,38 +10,13 @@ import threading
 import pytest
 
 from exitwatch.agent.loop import Agent
-from exitwatch.kinds.base import Found, Gone, Outcome, ResourceKind, Snapshot
+from exitwatch.kinds.base import Found, Gone, Outcome, Snapshot
 from exitwatch.kinds.base import Resource as Res
 from exitwatch.service.config import Config
 from exitwatch.sources.base import Lost
 
-from support.procs import reused_pid_owner, wait_for
-
-DEAD = reused_pid_owner()
-
-
-class Things(ResourceKind):
-    kind = "thing"
-
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-        self.calls: list[list[str]] = []
-        self.release = threading.Event()
-        self.release.set()
-
-    def scan(self) -> Snapshot:
-        return Snapshot(self.kind, ())
-
-    def start(self, notify) -> None:
-        notify(self.scan())
-
-    def stop(self) -> None:
-        pass
-
-    def remove(self, owner, resources, dry_run) -> list[Outcome]:
-        self.calls.append([r.key for r in resources])
-        self.release.wait(10)
-        return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
+from support.procs import wait_for
+from support.things import DEAD, Things, thing
 
 
 @pytest.fixture
@@ -62,19 +37,15 @@ def running():
         agent.drain(10)
 
 
-def thing(key: str) -> Res:
-    return Res("thing", key, DEAD, key)
-
-
 def test_a_resource_seen_again_while_it_is_being_removed_gets_no_second_job(running):
     kind = Things()
-    kind.release.clear()
+    kind.removal.clear()
     agent = running(kind)
     agent.submit(Found(thing("a")))
     wait_for(lambda: kind.calls, what="the removal to start")
     agent.submit(Snapshot("thing", (thing("a"), thing("b"))))  # a fresh listing
     wait_for(lambda: len(kind.calls) == 2, what="the new resource's removal")
-    kind.release.set()
+    kind.removal.set()
     wait_for(lambda: agent.ask(agent.pending) == [], what="both removals to end")
     assert kind.calls == [["a"], ["b"]]
 

@@ -1,9 +1,10 @@
-"""The periodic reconcile in the agent's loop, with a fake kind whose listing the test
-controls: it retries what was given up, lays the changes made while it listed over its
-stale listing, and never holds up the exit path. The owners are real: this process (alive)
-and this process's pid with another start time (a reused pid: dead). The end-to-end proof
-with a real agent, a real workdir and the kernel's immutable flag is in
-test_reconcile_agent.py."""
+"""The periodic reconcile in the agent's loop, with the fake kind of support/things.py,
+whose listing the test controls: it retries what was given up, lays the changes made
+while it listed over its stale listing, and never holds up the exit path. The owners are
+real: this process (alive) and this process's pid with another start time (a reused pid:
+dead). The end-to-end proof with a real agent, a real workdir and the kernel's immutable
+flag is in engine/test_reconcile_agent.py; Periodic's merging on its own in
+test_periodic.py."""
 
 from __future__ import annotations
 
@@ -13,54 +14,15 @@ import threading
 import pytest
 
 from exitwatch.agent.loop import Agent
-from exitwatch.kinds.base import Found, Gone, Outcome, ResourceKind, Snapshot
-from exitwatch.kinds.base import Resource as Res
+from exitwatch.kinds.base import Found, Gone
 from exitwatch.owner import owner_of
 from exitwatch.service.config import Config, ConfigError, load
 
-from support.procs import reused_pid_owner, wait_for
+from support.procs import wait_for
+from support.things import Things as Listed
+from support.things import thing
 
-DEAD = reused_pid_owner()
 ALIVE = owner_of(os.getpid())
-
-
-class Listed(ResourceKind):
-    """A kind whose listing is `self.listing`; a scan can be held until `release` is set."""
-
-    kind = "thing"
-
-    def __init__(self) -> None:
-        self.listing: tuple[Res, ...] = ()
-        self.fail = False
-        self.calls: list[list[str]] = []
-        self.scans = 0
-        self.scanning = threading.Event()
-        self.release = threading.Event()
-        self.release.set()
-        self.removal = threading.Event()  # cleared: removals wait for it
-        self.removal.set()
-
-    def scan(self) -> Snapshot:
-        listing = self.listing  # what exists when the scan begins
-        self.scans += 1
-        self.scanning.set()
-        self.release.wait(10)
-        return Snapshot(self.kind, listing)
-
-    def start(self, notify) -> None:
-        notify(Snapshot(self.kind, self.listing))
-
-    def stop(self) -> None:
-        pass
-
-    def remove(self, owner, resources, dry_run) -> list[Outcome]:
-        self.calls.append([r.key for r in resources])
-        self.removal.wait(10)
-        return [Outcome(f"thing {r.key}", self.kind, not self.fail, "nope") for r in resources]
-
-
-def thing(key: str, owner=DEAD) -> Res:
-    return Res("thing", key, owner, key)
 
 
 @pytest.fixture

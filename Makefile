@@ -7,14 +7,15 @@ VPY := $(VENV)/bin/python
 # Debian's own interpreter and bookworm's libraries: what the .deb runs on.
 DEBIAN_PY := /usr/bin/python3
 
-# prometheus: for its promtool, which checks packaging/prometheus/ (tests/test_fleet.py).
-# man-db, groff-base: `man -l` renders the man pages in tests/test_deb.py.
+# prometheus: for its promtool, which checks packaging/prometheus/
+# (tests/system/test_prometheus_rules.py). man-db, groff-base: `man -l` renders the man
+# pages (tests/system/test_deb.py).
 APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-hypothesis \
 	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base
 
-.PHONY: all deps apt venv test lint run clean
+.PHONY: all deps apt venv test test-unit lint run clean
 
 all: deps
 
@@ -50,10 +51,15 @@ test: deps lint
 	$(VPY) -m pytest -q
 	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider
 
+# tests/unit alone (tests/README.md): no root, no engine, no network; seconds. Any user can
+# run it, with the venv's python or another with the test extras: make test-unit VPY=python3
+test-unit:
+	$(VPY) -m pytest -q tests/unit
+
 # A Docker engine is started on the default socket if none answers there.
 run: deps
 	@if ! docker -H unix:///var/run/docker.sock version >/dev/null 2>&1; then \
-		tests/engine.sh start /var/lib/exitwatch-engine /var/run/docker.sock; \
+		tests/support/engine.sh start /var/lib/exitwatch-engine /var/run/docker.sock; \
 	fi
 	$(VENV)/bin/exitwatch agent $(ARGS)
 
@@ -66,7 +72,7 @@ deb:
 	packaging/build-deb.sh
 
 # Benchmarks against the real engine and kernel, with their baselines in the same run
-# (docs/benchmarks.md). Never part of `make test`; tests/test_bench_smoke.py runs the smoke.
+# (docs/benchmarks.md). Never part of `make test`; tests/engine/test_bench_smoke.py runs the smoke.
 BENCH_BIN := build/bench
 
 .PHONY: bench bench-smoke bench-bins

@@ -1,4 +1,4 @@
-"""The benchmark's own Docker engine (tests/engine.sh), containers made in bulk, and the
+"""The benchmark's own Docker engine (tests/support/engine.sh), containers made in bulk, and the
 engine's destroy events: the outside clock that says when a container is gone."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import docker.errors
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import Owner
 
-ENGINE_SH = Path(__file__).resolve().parent.parent / "tests" / "engine.sh"
+ENGINE_SH = Path(__file__).resolve().parent.parent / "tests" / "support" / "engine.sh"
 IMAGE = "exitwatch-test/busybox:latest"
 FLOOR_LABEL = "exitwatch.bench"  # floor containers: the same kind, but nobody's
 THREADS = 16

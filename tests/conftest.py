@@ -1,21 +1,24 @@
-"""The private Docker engine (tests/engine.sh) for the tests that ask for the `engine` fixture.
+"""The fixtures shared across tests/unit, system, engine and runners (tests/README.md says
+what each directory needs), above all the private Docker engine (tests/support/engine.sh)
+for the tests that ask for the `engine` fixture.
 
 Each test session gets an engine of its own, so sessions running side by side (two Pythons,
 two engineers) never remove each other's containers. Its directory is named after the
 session's process, so an engine left behind by a session that died is found and purged.
+
+Being the rootdir's conftest, this file also puts tests/ on sys.path: the helpers are
+imported as `from support.procs import ...`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+import pwd
 import shutil
-import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -27,80 +30,16 @@ from exitwatch.kinds.docker.kind import Containers
 from exitwatch.kinds.hooks.file import ensure_spool
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
 
-from procs import kill, spawn_owner
+from support.engine import ENGINE_SH, IMAGE, PrivateEngine
+from support.procs import kill, run, spawn_owner
+from support.runs import FakeRun
+from support.trees import lazy_umount_below
+from support.users import attacker_user
 
-ENGINE_SH = Path(__file__).with_name("engine.sh")
 # Short: containerd's sockets live under it, and unix socket paths hold at most 107 bytes.
 BASE = Path("/tmp/exitwatch-engine")
-IMAGE = "exitwatch-test/busybox:latest"
-BUILTIN_NETWORKS = {"bridge", "host", "none"}
 
 log = logging.getLogger(__name__)
-
-
-def run(
-    cmd: list[str],
-    *,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-    check: bool = True,
-    timeout: float = 120,
-) -> subprocess.CompletedProcess[str]:
-    """Run a command; on failure raise with its stderr, which is what one needs to see."""
-    done = subprocess.run(
-        cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
-    return done
-
-
-@dataclass
-class PrivateEngine:
-    dir: Path
-    host: str
-    image: str
-    client: docker.DockerClient
-
-    @property
-    def socket(self) -> Path:
-        return self.dir / "docker.sock"
-
-    def env(self, **extra: str) -> dict[str, str]:
-        """The environment for the docker CLI and docker-compose, pointed at this engine."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
-        return env | {"DOCKER_HOST": self.host} | extra
-
-    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return run(["docker", *args], env=self.env(), check=check)
-
-    def compose(
-        self, *args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        return run(["docker-compose", *args], env=self.env(**(env or {})), cwd=cwd, check=check)
-
-    def start(self) -> None:
-        """Start it (again); it answers when this returns."""
-        run([str(ENGINE_SH), "start", str(self.dir), str(self.socket)])
-
-    def stop(self) -> None:
-        run([str(ENGINE_SH), "stop", str(self.dir)])
-
-    def clean(self) -> None:
-        """Remove every container, network and volume, so that tests stay independent."""
-        try:
-            self.client.ping()
-        except docker.errors.DockerException:
-            self.start()  # a test stopped it and failed before it could restore it
-        api = self.client.api
-        for c in api.containers(all=True):
-            with contextlib.suppress(docker.errors.NotFound):
-                api.remove_container(c["Id"], force=True, v=True)
-        for n in api.networks():
-            if n["Name"] not in BUILTIN_NETWORKS:
-                with contextlib.suppress(docker.errors.NotFound):
-                    api.remove_network(n["Id"])
-        api.prune_volumes()
 
 
 def _session_dir(owner: Owner) -> Path:
@@ -212,3 +151,43 @@ def no_leaked_threads() -> Iterator[None]:
     yield
     left = [t.name for t in set(threading.enumerate()) - before]
     assert not left, f"threads left running: {left}"
+
+
+@pytest.fixture(scope="session")
+def attacker() -> pwd.struct_passwd:
+    """The unprivileged user (support/users.py), created if it is missing."""
+    return attacker_user()
+
+
+@pytest.fixture
+def victim() -> Iterator[Path]:
+    """A root-owned tree outside every root, with a file, a subdirectory and a symlink."""
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-victim-", dir="/tmp"))
+    os.chmod(top, 0o755)
+    (top / "precious").write_text("do not remove\n")
+    (top / "sub" / "deeper").mkdir(parents=True)
+    (top / "sub" / "deeper" / "data").write_bytes(os.urandom(256))
+    (top / "link").symlink_to("precious")
+    try:
+        yield top
+    finally:
+        lazy_umount_below(str(top))
+        shutil.rmtree(top)
+
+
+@pytest.fixture
+def bases() -> Iterator[Path]:
+    """A short directory standing for the caller's TMPDIR and XDG_RUNTIME_DIR, so that what a
+    run leaves when it is SIGKILLed lands there and goes with the test."""
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-runbase-", dir="/tmp"))
+    yield top
+    shutil.rmtree(top)
+
+
+@pytest.fixture
+def runs() -> Iterator[list[FakeRun]]:
+    """The fake runs a test makes (support/runs.py), closed after it."""
+    made: list[FakeRun] = []
+    yield made
+    for fake in made:
+        fake.close()

@@ -24,10 +24,10 @@ import docker
 
 from exitwatch.contract import LABEL_OWNER, mark_workdir, owner_labels
 
-from agentproc import Agent, agent_argv
-from procs import Child, kill, spawn_owner
+from support.agentproc import Agent, agent_argv
+from support.procs import Child, kill, spawn_owner
 
-ENGINE_SH = Path(__file__).with_name("engine.sh")
+ENGINE_SH = Path(__file__).parent / "support" / "engine.sh"
 # Outside tests/conftest.py's engine directory, whose purge would take this one for dead.
 ENGINE_DIR = Path("/tmp/exitwatch-soak-engine")
 IMAGE = "exitwatch-test/busybox:latest"

@@ -1,0 +1,114 @@
+"""`exitwatch run` with the private engine: whatever a run made there goes when it is
+SIGKILLed or SIGTERMed, status shows a run like any owner, and the agent reaps a
+SIGKILLed wrapper. system/test_run.py has the run without an engine."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from exitwatch.contract import LABEL_OWNER
+from exitwatch.owner import owner_of
+
+from support.agentproc import GONE_DEADLINE, running
+from support.procs import wait_for
+from support.wrapper import RUN, env_for, run
+
+MAKES = r"""
+docker run -d --name made $IMAGE sleep 1000 >/dev/null
+docker network create madenet >/dev/null
+docker volume create madevol >/dev/null
+mkdir -p "$TMPDIR/a/b" && echo x > "$TMPDIR/a/b/f"
+echo "$TMPDIR"
+kill -9 $$
+"""
+
+
+def test_everything_goes_after_cmd_is_sigkilled(engine, bases) -> None:
+    engine.docker("run", "-d", "--name", "outsider", engine.image, "sleep", "1000")
+    done = run(["--", "sh", "-c", MAKES], env_for(bases, engine, IMAGE=engine.image))
+    assert done.returncode == 137, done.stderr
+    assert "exitwatch run" not in done.stderr  # nothing it could not remove
+    api = engine.client.api
+    owned = {"label": LABEL_OWNER}
+    assert api.containers(all=True, filters=owned) == []
+    assert api.networks(filters=owned) == []
+    assert api.volumes(filters=owned)["Volumes"] in (None, [])
+    assert [c["Names"] for c in api.containers(all=True)] == [["/outsider"]]
+    assert list(bases.iterdir()) == []
+
+
+def test_status_shows_a_run_like_any_owner(engine, bases, tmp_path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'workdir_roots = ["{bases}"]\nstatus_socket = "{tmp_path}/none"\n')
+    script = (
+        "docker run -d --name held $IMAGE sleep 1000 >/dev/null; "
+        f"{sys.executable} -m exitwatch status --json --config {config}; true"
+    )
+    done = run(["--", "sh", "-c", script], env_for(bases, engine, IMAGE=engine.image))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    (entry,) = [o for o in doc["owners"] if any(c["name"] == "held" for c in o["containers"])]
+    assert len(entry["workdirs"]) == 2 and all(Path(w).parent == bases for w in entry["workdirs"])
+
+
+MAKES_AND_WAITS = r"""
+docker run -d --name made $IMAGE sleep 1000 >/dev/null
+docker network create madenet >/dev/null
+docker volume create madevol >/dev/null
+docker network create --label exitwatch.keep=true keptnet >/dev/null
+echo "$TMPDIR"
+exec sleep 1000
+"""
+
+
+def test_the_agent_reaps_a_sigkilled_wrapper(engine, workroot, tmp_path) -> None:
+    live = {LABEL_OWNER: str(owner_of())}  # another run's, alive: it stays
+    engine.client.api.create_network("livenet", labels=live)
+    engine.client.api.create_volume("livevol", labels=live)
+    with running(engine, workroot, tmp_path / "agent.log") as agent:
+        proc = subprocess.Popen(
+            [*RUN, "--", "sh", "-c", MAKES_AND_WAITS],
+            env=env_for(workroot, engine, IMAGE=engine.image),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert Path(proc.stdout.readline().strip()).parent == workroot
+        agent.wait_holding(proc.pid, containers=1, workdirs=2)
+        proc.kill()
+        proc.wait()
+        api = engine.client.api
+
+        def reaped() -> bool:
+            names = [n["Name"] for n in api.networks(filters={"label": LABEL_OWNER})]
+            vols = [v["Name"] for v in api.volumes(filters={"label": LABEL_OWNER})["Volumes"] or []]
+            return (
+                not api.containers(all=True, filters={"label": LABEL_OWNER})
+                and names == ["livenet"]
+                and vols == ["livevol"]
+                and not list(workroot.iterdir())
+            )
+
+        wait_for(reaped, timeout=GONE_DEADLINE, what="the killed run's resources reaped")
+        # Asked to be kept, it was not labelled, and it stays.
+        assert LABEL_OWNER not in (api.inspect_network("keptnet")["Labels"] or {})
+
+
+def test_everything_goes_after_a_sigterm_to_the_wrapper(engine, bases) -> None:
+    proc = subprocess.Popen(
+        [*RUN, "--", "sh", "-c", MAKES_AND_WAITS],
+        env=env_for(bases, engine, IMAGE=engine.image),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert Path(proc.stdout.readline().strip()).parent == bases
+    proc.send_signal(signal.SIGTERM)  # to sleep, which dies of it
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    api = engine.client.api
+    owned = {"label": LABEL_OWNER}
+    assert api.containers(all=True, filters=owned) == []
+    assert api.networks(filters=owned) == [] and not api.volumes(filters=owned)["Volumes"]
+    assert list(bases.iterdir()) == []

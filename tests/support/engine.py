@@ -1,0 +1,68 @@
+"""The suite's private Docker engine as the tests drive it: its script (engine.sh), its
+test image, and the client, CLI and compose calls pointed at it. The `engine` fixture
+(tests/conftest.py) starts one per session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from support.procs import run
+
+ENGINE_SH = Path(__file__).with_name("engine.sh")
+IMAGE = "exitwatch-test/busybox:latest"
+BUILTIN_NETWORKS = {"bridge", "host", "none"}
+
+
+@dataclass
+class PrivateEngine:
+    dir: Path
+    host: str
+    image: str
+    client: docker.DockerClient
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "docker.sock"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment for the docker CLI and docker-compose, pointed at this engine."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
+        return env | {"DOCKER_HOST": self.host} | extra
+
+    def docker(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run(["docker", *args], env=self.env(), check=check)
+
+    def compose(
+        self, *args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return run(["docker-compose", *args], env=self.env(**(env or {})), cwd=cwd, check=check)
+
+    def start(self) -> None:
+        """Start it (again); it answers when this returns."""
+        run([str(ENGINE_SH), "start", str(self.dir), str(self.socket)])
+
+    def stop(self) -> None:
+        run([str(ENGINE_SH), "stop", str(self.dir)])
+
+    def clean(self) -> None:
+        """Remove every container, network and volume, so that tests stay independent."""
+        try:
+            self.client.ping()
+        except docker.errors.DockerException:
+            self.start()  # a test stopped it and failed before it could restore it
+        api = self.client.api
+        for c in api.containers(all=True):
+            with contextlib.suppress(docker.errors.NotFound):
+                api.remove_container(c["Id"], force=True, v=True)
+        for n in api.networks():
+            if n["Name"] not in BUILTIN_NETWORKS:
+                with contextlib.suppress(docker.errors.NotFound):
+                    api.remove_network(n["Id"])
+        api.prune_volumes()

@@ -1,0 +1,268 @@
+"""The Debian package, marked `deb`: the CI path: `make deb`, lintian, apt install, the
+installed agent reaping a SIGKILLed owner on Debian's python3, then purge leaving nothing
+behind. Its man page and conffile are checked against the code in
+unit/test_manpage_and_conffile.py.
+
+The `deb` tests install /usr/bin/exitwatch on this machine and purge it afterwards. They
+run once per suite: not on Debian's own interpreter (sys.prefix /usr), because the
+installed package runs on /usr/bin/python3 whichever interpreter runs pytest, and a second
+run would only rebuild and reinstall the same package. Deselect them with `-m "not deb"`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support.packaging import DEBIAN_ENV, PAGES, man
+from support.procs import kill, run, spawn_owner, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGING = ROOT / "packaging"
+PACKAGES = ("exitwatch", "exitwatch-bpf")
+UNIT = "/lib/systemd/system/exitwatch.service"
+# Keys the operations issue adds to Config; documented in the conffile already.
+
+
+def deb(test):
+    """Mark a test as one of the package's CI path, run once per suite (see the docstring)."""
+    once = pytest.mark.skipif(sys.prefix == "/usr", reason="run by the suite's other interpreter")
+    return pytest.mark.deb(once(test))
+
+
+# -- the package, built, installed and purged ------------------------------------------------
+
+
+def _version() -> str:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def _apt(*args: str) -> None:
+    run(
+        ["apt-get", "-y", "-q", "-o", "DPkg::Lock::Timeout=120", *args],
+        env=DEBIAN_ENV | {"DEBIAN_FRONTEND": "noninteractive"},
+        timeout=300,
+    )
+
+
+def _purge() -> None:
+    present = [p for p in PACKAGES if run(["dpkg", "-s", p], check=False).returncode == 0]
+    if present:
+        _apt("purge", *present)
+
+
+@pytest.fixture(scope="module")
+def debs() -> list[Path]:
+    run(["make", "-C", str(ROOT), "deb"], timeout=900)
+    version = _version()
+    found = [
+        *sorted((ROOT / "dist").glob(f"exitwatch_{version}_all.deb")),
+        *sorted((ROOT / "dist").glob(f"exitwatch-bpf_{version}_*.deb")),
+    ]
+    assert len(found) == 2, f"make deb built {found}"
+    return found
+
+
+@pytest.fixture(scope="module")
+def installed(debs: list[Path]) -> Iterator[dict[str, list[str]]]:
+    """Install both packages; the paths each holds. Purged at the end whatever happens."""
+    _purge()  # a run that died left it installed: start from nothing
+    _apt("install", *(str(d) for d in debs))
+    files = {p: run(["dpkg", "-L", p]).stdout.split("\n") for p in PACKAGES}
+    try:
+        yield {p: [f for f in paths if f and f != "/."] for p, paths in files.items()}
+    finally:
+        _purge()
+
+
+@deb
+def test_lintian_reports_no_errors_and_every_remaining_tag_is_explained(debs) -> None:
+    changes = sorted((ROOT / "dist").glob(f"exitwatch_{_version()}_*.changes"))
+    done = run(
+        ["lintian", "--pedantic", "-I", "--show-overrides", *map(str, changes)],
+        env=DEBIAN_ENV,
+        check=False,
+        timeout=300,
+    )
+    tags = re.findall(r"^([EWIPXO]): [^:]+: (\S+)", done.stdout, flags=re.M)
+    assert not [t for t in tags if t[0] == "E"], done.stdout
+    explained = (PACKAGING / "lintian.md").read_text()
+    assert not [t for _, t in tags if t not in explained], done.stdout
+
+
+@deb
+def test_the_built_package_holds_the_three_man_pages_and_each_renders(debs, tmp_path) -> None:
+    main = next(d for d in debs if d.name.startswith("exitwatch_"))
+    run(["dpkg-deb", "-x", str(main), str(tmp_path)])
+    for name in PAGES:
+        section = name.rsplit(".", 1)[1]
+        page = tmp_path / "usr" / "share" / "man" / f"man{section}" / f"{name}.gz"
+        assert page.is_file(), f"{name} is not in {main.name}"
+        assert f"{name.rsplit('.', 1)[0]} - " in man(page)
+
+
+@deb
+def test_installed_exitwatch_runs_on_debians_python(installed) -> None:
+    done = run(["/usr/bin/exitwatch", "--version"], env=DEBIAN_ENV, cwd=Path("/"))
+    assert done.stdout.strip() == f"exitwatch, version {_version()}"
+    assert Path("/usr/bin/exitwatch").read_text().splitlines()[0] == "#!/usr/bin/python3"
+    where = run(
+        ["/usr/bin/python3", "-c", "import exitwatch; print(exitwatch.__file__)"],
+        env=DEBIAN_ENV,
+        cwd=Path("/"),
+    ).stdout.strip()
+    assert where == "/usr/lib/python3/dist-packages/exitwatch/__init__.py"
+    bpf = "/usr/lib/python3/dist-packages/exitwatch/sources/exitwatch.bpf.o"
+    assert bpf in installed["exitwatch-bpf"]
+
+
+@deb
+def test_installed_files_unit_conffile_and_man_page(installed) -> None:
+    paths = installed["exitwatch"]
+    for path in (
+        "/usr/bin/exitwatch",
+        UNIT,
+        "/etc/exitwatch/config.toml",
+        "/usr/share/man/man8/exitwatch.8.gz",
+        "/usr/share/man/man5/exitwatch.toml.5.gz",
+        "/usr/share/man/man1/exitwatch-run.1.gz",
+        "/var/lib/exitwatch",
+        "/usr/share/exitwatch/prometheus/exitwatch.rules.yml",
+        "/usr/share/exitwatch/grafana/exitwatch.json",
+    ):
+        assert path in paths
+    # The rules as installed, with their unit tests beside them, still pass.
+    tests = "/usr/share/exitwatch/prometheus/exitwatch.rules.test.yml"
+    assert run(["promtool", "test", "rules", tests], env=DEBIAN_ENV, check=False).returncode == 0
+    conffiles = run(["dpkg-query", "-W", "-f=${Conffiles}", "exitwatch"]).stdout
+    assert "/etc/exitwatch/config.toml" in conffiles
+    # Enabled on install, even where systemd is not running to start it.
+    assert Path("/etc/systemd/system/multi-user.target.wants/exitwatch.service").is_symlink()
+    for section, name in (("8", "exitwatch"), ("5", "exitwatch.toml"), ("1", "exitwatch-run")):
+        found = run(["man", "-w", section, name], env=DEBIAN_ENV).stdout.strip()
+        assert found == f"/usr/share/man/man{section}/{name}.{section}.gz"
+    verify = run(["systemd-analyze", "verify", UNIT], env=DEBIAN_ENV, check=False)
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
+    security = run(
+        ["systemd-analyze", "security", "--offline=true", UNIT], env=DEBIAN_ENV, check=False
+    ).stdout
+    score = re.search(r"Overall exposure level for exitwatch.service: (\d+\.\d+)", security)
+    assert score, security
+    recorded = (PACKAGING / "security.md").read_text()
+    assert f"**{score[1]}**" in recorded, f"packaging/security.md: the score is now {score[1]}"
+
+
+def _capabilities(unit: str) -> str:
+    """The unit's CapabilityBoundingSet= as a setpriv --bounding-set argument."""
+    line = next(
+        ln for ln in Path(unit).read_text().splitlines() if ln.startswith("CapabilityBoundingSet=")
+    )
+    caps = line.split("=", 1)[1].split()
+    return ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in caps)])
+
+
+@deb
+def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) -> None:
+    """The installed CLI labels and marks; the installed agent, on Debian's python3 and held
+    to the unit's capability bounding set, removes both once the owner is SIGKILLed."""
+    root = Path(tempfile.mkdtemp(prefix="exitwatch-deb-", dir="/tmp"))
+    log = tmp_path / "agent.log"
+    owner = spawn_owner()
+    agent = None
+    try:
+        labels = run(
+            ["/usr/bin/exitwatch", "labels", "--pid", str(owner.pid), "--format", "docker-args"],
+            env=DEBIAN_ENV,
+        ).stdout.split()
+        cid = engine.docker("run", "-d", *labels, engine.image).stdout.strip()
+        workdir = root / "w"
+        (workdir / "sub").mkdir(parents=True)
+        (workdir / "sub" / "data").write_bytes(b"x" * 1000)
+        run(["/usr/bin/exitwatch", "mark", str(workdir), "--pid", str(owner.pid)], env=DEBIAN_ENV)
+
+        agent = subprocess.Popen(
+            [
+                "setpriv",
+                f"--bounding-set={_capabilities(UNIT)}",
+                "--inh-caps=-all",
+                "/usr/bin/exitwatch",
+                "agent",
+                "--docker-host",
+                engine.host,
+                "--workdir-root",
+                str(root),
+                # Its own socket: an agent already running here must not make it refuse.
+                "--status-socket",
+                str(root / "status.sock"),
+            ],
+            env=DEBIAN_ENV,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("wb"),
+        )
+
+        def said(needle: str):
+            def check() -> bool:
+                if agent.poll() is not None:
+                    raise AssertionError(f"agent exited {agent.returncode}:\n{log.read_text()}")
+                return needle in log.read_text()
+
+            return check
+
+        wait_for(said("ready: watching 1 owners"), timeout=30, what="the agent to be ready")
+        if Path("/sys/kernel/btf/vmlinux").exists():  # exitwatch-bpf's object, loaded
+            assert "exit source ebpf" in log.read_text(), log.read_text()
+        assert engine.docker("inspect", cid, check=False).returncode == 0
+        assert workdir.exists()
+        kill(owner, signal.SIGKILL)
+        wait_for(
+            lambda: engine.docker("inspect", cid, check=False).returncode != 0,
+            what=f"container {cid[:12]} gone",
+        )
+        wait_for(lambda: not workdir.exists(), what=f"{workdir} gone")
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        if owner.proc.poll() is None:
+            kill(owner)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=False)
+
+
+@deb
+def test_purge_leaves_nothing_behind(installed) -> None:
+    # What the agent and an admin leave beside the packaged files goes too.
+    Path("/var/lib/exitwatch/audit.jsonl").write_text("{}\n")
+    Path("/etc/exitwatch/config.toml.dpkg-old").write_text("")
+    _purge()
+    for package in PACKAGES:
+        assert run(["dpkg", "-s", package], check=False).returncode != 0, f"{package} not purged"
+    left = []
+    for path in sorted({p for paths in installed.values() for p in paths}):
+        # Directories other packages hold too (/usr/bin, /lib/systemd/system...) stay.
+        if os.path.lexists(path) and run(["dpkg", "-S", path], check=False).returncode != 0:
+            left.append(path)
+    for path in (
+        "/etc/exitwatch",
+        "/var/lib/exitwatch",
+        "/etc/systemd/system/multi-user.target.wants/exitwatch.service",
+        "/var/lib/systemd/deb-systemd-helper-enabled/exitwatch.service.daemon.dsh-also",
+        "/var/lib/systemd/deb-systemd-helper-enabled/multi-user.target.wants/exitwatch.service",
+        "/usr/lib/python3/dist-packages/exitwatch",
+    ):
+        if os.path.lexists(path):
+            left.append(path)
+    assert not left, f"left after purge: {left}"

@@ -1,0 +1,597 @@
+"""The hook kind on its own, on a real spool with real processes: hook files that must
+never run (special files, links, loose modes, hypothesis-fuzzed JSON), a hook that hangs,
+and where a hook runs."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import itertools
+import json
+import logging
+import os
+import pwd
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from exitwatch import on_death
+from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
+from exitwatch.kinds.base import Found, Gone
+from exitwatch.kinds.hooks import file as hookfile
+from exitwatch.kinds.hooks import spool as hookspool
+from exitwatch.kinds.hooks.file import Hook, ensure_spool
+from exitwatch.kinds.hooks.kind import Hooks
+from exitwatch.kinds.hooks.spool import MAX_PER_UID
+from exitwatch.owner import Owner
+
+from support.procs import kill, spawn_owner, state, wait_for
+
+EXAMPLES = settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def body(owner: Owner, argv: list[str], **over: object) -> dict:
+    return {
+        "owner": str(owner),
+        "argv": argv,
+        "cwd": "/",
+        "env": {},
+        "timeout": 10,
+        "created": time.time(),
+    } | over
+
+
+def write(path: Path, content: dict | bytes, mode: int = 0o600) -> Path:
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    os.chmod(path, mode)
+    return path
+
+
+def test_the_spool_is_made_roots_and_sticky_and_a_loose_one_is_refused(tmp_path):
+    path = tmp_path / "spool" / "hooks"
+    umask = os.umask(0o077)  # the unit's
+    try:
+        ensure_spool(str(path))
+    finally:
+        os.umask(umask)
+    assert (path.stat().st_uid, oct(path.stat().st_mode & 0o7777)) == (0, "0o1733")
+    assert oct(path.parent.stat().st_mode & 0o7777) == "0o755"
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    os.chmod(loose, 0o777)
+    with pytest.raises(ValueError, match="not sticky"):
+        ensure_spool(str(loose))
+    (tmp_path / "link").symlink_to(path)
+    with pytest.raises(ValueError, match="not a directory"):
+        ensure_spool(str(tmp_path / "link"))
+
+
+def test_registering_and_reaping_refuse_a_spool_others_could_tamper_with(
+    tmp_path, dead_owner, monkeypatch, caplog
+):
+    canary = tmp_path / "ran"
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)  # not sticky: anyone could remove or replace a hook
+    monkeypatch.setenv(ENV_HOOK_DIR, str(loose))
+    with pytest.raises(PermissionError, match="not sticky"):
+        on_death(["true"])
+    assert os.listdir(loose) == []
+    done = subprocess.run(
+        [sys.executable, "-m", "exitwatch", "on-death", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
+    [line] = done.stderr.splitlines()
+    assert done.returncode == 1 and "not sticky" in line
+    # A hook found there (as `exitwatch reap` would list it) is not run.
+    write(loose / f"{1:032x}.json", body(dead_owner, ["touch", str(canary)]))
+    # An empty listing would read as every hook gone: it raises, and nothing runs.
+    with pytest.raises(hookfile.HookError, match="not sticky"):
+        Hooks(str(loose)).scan()
+    assert not canary.exists()
+
+
+def test_a_failed_registration_leaves_no_temporary_file(spool):
+    """A write that fails (here: a spool on a full tmpfs) takes its temporary file with it:
+    no one but its writer could remove it from the sticky spool."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k,mode=1733", "none", spool], check=True)
+    try:
+        with pytest.raises(OSError) as err:
+            on_death(["true", "x" * (HOOK_MAX_BYTES // 2)])
+        assert err.value.errno == errno.ENOSPC
+        assert os.listdir(spool) == []
+    finally:
+        subprocess.run(["umount", spool], check=True)
+
+
+def test_the_index_holds_a_bounded_number_of_hooks_per_user_and_no_argv(
+    spool, dead_owner, tmp_path, caplog, attacker
+):
+    over = 2
+    for n in range(MAX_PER_UID + over):
+        write(spool / f"{n:032x}.json", body(dead_owner, ["true"]))
+    big = ["true", "x" * (HOOK_MAX_BYTES // 2)]
+    theirs = write(spool / f"{'f' * 32}.json", body(dead_owner, big))
+    os.chown(theirs, attacker.pw_uid, attacker.pw_gid)  # another user's count
+    caplog.set_level(logging.WARNING)
+    found = Hooks(str(spool)).scan().resources
+    by_uid = collections.Counter(h.uid for h in found)
+    assert by_uid == {0: MAX_PER_UID, attacker.pw_uid: 1}
+    capped = [r.getMessage() for r in caplog.records if "more than" in r.getMessage()]
+    assert len(capped) == over
+    # What the index keeps of a hook is small, whatever its command: the run reads it anew.
+    [mine] = [h for h in found if h.uid == attacker.pw_uid]
+    assert all(len(repr(getattr(mine, f.name))) <= 300 for f in dataclasses.fields(mine))
+
+
+def test_bad_hook_files_are_refused_with_a_warning_and_never_run(
+    spool, dead_owner, tmp_path, caplog, attacker
+):
+    canary = tmp_path / "ran"
+    good = body(dead_owner, ["touch", str(canary)])
+    elsewhere = write(tmp_path / "elsewhere.json", good)
+    linked = write(tmp_path / "linked.json", good)
+    cases = {
+        "a symlink": lambda p: p.symlink_to(elsewhere),
+        "a FIFO": lambda p: os.mkfifo(p, 0o600),
+        "a socket": lambda p: socket.socket(socket.AF_UNIX).bind(str(p)),
+        "a directory": lambda p: p.mkdir(),
+        "a hard link": lambda p: os.link(linked, p),
+        "world-writable": lambda p: write(p, good, 0o606),
+        "group-writable": lambda p: write(p, good, 0o620),
+        "too large": lambda p: write(
+            p, body(dead_owner, ["touch", str(canary), "x" * HOOK_MAX_BYTES])
+        ),
+        "not JSON": lambda p: write(p, b'{"owner": '),
+        "a bad owner": lambda p: write(p, good | {"owner": "1:2:3"}),
+        "of a uid with no passwd entry": lambda p: (write(p, good), os.chown(p, 54321, 54321)),
+        "badly named": lambda p: write(p.with_suffix(".txt"), good),
+    }
+    kind = Hooks(str(spool))
+    caplog.set_level(logging.WARNING)
+    for n, make in enumerate(cases.values()):
+        make(spool / f"{n:032x}.json")
+    snapshot = kind.scan()
+    assert snapshot.resources == ()
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    for n, what in enumerate(cases):
+        name = f"{n:032x}.txt" if what == "badly named" else f"{n:032x}.json"
+        assert f"{spool / name}: refused" in warned, what
+    # Found while good, turned bad before it ran: the last look refuses it too.
+    path = write(spool / f"{99:032x}.json", good)
+    [hook] = kind.scan().resources
+    os.chmod(path, 0o622)
+    [outcome] = kind.reap(dead_owner, [hook], dry_run=False)
+    assert outcome.refused and "writable by group or others" in outcome.detail
+    os.chmod(path, 0o600)
+    os.chown(path, attacker.pw_uid, attacker.pw_gid)  # another uid than was found
+    [outcome] = kind.reap(dead_owner, [hook], dry_run=False)
+    assert outcome.refused and "replaced" in outcome.detail
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("source", ["same filesystem", "tmpfs"])
+def test_a_file_mounted_over_a_users_hook_is_refused(spool, dead_owner, tmp_path, attacker, source):
+    """A user who can mount over their own hook file (FUSE with user_allow_other) answers
+    root's fstat as they like: uid 0, one link, mode 0600. A bind mount of a root-owned
+    file plays that part here (no FUSE on the test machine): from the spool's own
+    filesystem (the device is the same, the mount is not), and from a tmpfs."""
+    canary = tmp_path / "ran"
+    hook_file = write(spool / f"{5:032x}.json", body(dead_owner, ["touch", str(canary)]))
+    os.chown(hook_file, attacker.pw_uid, attacker.pw_gid)
+    kind = Hooks(str(spool))
+    [found] = kind.scan().resources  # the user's own hook, found before the mount
+    host = tmp_path / "host"
+    host.mkdir()
+    mounts = []
+    try:
+        if source == "tmpfs":
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "none", host], check=True)
+            mounts.append(host)
+        roots = write(host / "roots.json", body(dead_owner, ["touch", str(canary)]))
+        subprocess.run(["mount", "--bind", roots, hook_file], check=True)
+        mounts.insert(0, hook_file)
+        assert hook_file.stat().st_uid == 0  # what root's checks now see
+        assert kind.scan().resources == ()
+        [outcome] = kind.reap(dead_owner, [found], dry_run=False)
+        assert outcome.refused and "mounted over" in outcome.detail, outcome
+        assert not canary.exists()
+    finally:
+        for path in mounts:
+            subprocess.run(["umount", path], check=True)
+
+
+def test_a_hung_hook_is_killed_with_its_children_after_its_timeout(spool, dead_owner, tmp_path):
+    pids, leader, quick = tmp_path / "pids", tmp_path / "leader", tmp_path / "quick"
+    script = f"sleep 1000 & echo $! > {pids}; echo $$ > {leader}.tmp; mv {leader}.tmp {leader}"
+    write(
+        spool / f"{1:032x}.json", body(dead_owner, ["sh", "-c", script + "; sleep 1000"], timeout=3)
+    )
+    # The same owner's next hook does not wait for the hung one: they run side by side, so
+    # it sees the hung one running (run after it, it would find it killed; run before it,
+    # it would wait for it in vain and fail).
+    seen = (
+        f"for i in $(seq 300); do [ -s {leader} ] && break; sleep 0.1; done; "
+        f'kill -0 "$(cat {leader})" && echo running > {quick}'
+    )
+    write(spool / f"{2:032x}.json", body(dead_owner, ["sh", "-c", seen], timeout=60))
+    kind = Hooks(str(spool))
+    hooks = list(kind.scan().resources)
+    outcome, fine = kind.reap(dead_owner, hooks, dry_run=False)
+    assert fine.ok and quick.read_text() == "running\n", fine
+    assert not outcome.ok and "timed out" in outcome.detail
+    assert outcome.extra["hook"]["timed_out"] and outcome.counts == ("hook_runs", "hook_timeouts")
+    child = int(pids.read_text())
+    wait_for(lambda: state(child) in (None, "Z"), 30, "the hook's child to be killed")
+    assert (spool / f"{1:032x}.json").exists()  # to be tried again
+
+
+def test_a_hook_leaves_nothing_running_and_does_not_keep_the_agents_oom_score(
+    spool, dead_owner, tmp_path
+):
+    pids, score = tmp_path / "pids", tmp_path / "score"
+    script = f"cat /proc/self/oom_score_adj > {score}; sleep 300 & echo $! > {pids}; exit 0"
+    write(spool / f"{6:032x}.json", body(dead_owner, ["sh", "-c", script]))
+    kind = Hooks(str(spool))
+    adj = Path("/proc/self/oom_score_adj")
+    before = adj.read_text()
+    # The unit gives the agent -500, which children inherit; lowering it takes
+    # CAP_SYS_RESOURCE, which the test machine may lack, so a raised score stands in.
+    adj.write_text("300")
+    try:
+        [outcome] = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
+    finally:
+        adj.write_text(before)
+    assert outcome.ok, outcome
+    assert score.read_text() == "0\n"
+    child = int(pids.read_text())
+    wait_for(lambda: state(child) in (None, "Z"), 10, "the hook's leftover sleep to be killed")
+
+
+def test_a_hook_locked_by_another_runner_is_waited_for_and_not_run_twice(
+    spool, dead_owner, tmp_path
+):
+    canary = tmp_path / "ran"
+    path = write(spool / f"{4:032x}.json", body(dead_owner, ["touch", str(canary)]))
+    kind = Hooks(str(spool))
+    [hook] = kind.scan().resources
+    outcomes: list = []
+    with path.open() as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as `exitwatch reap` running it would
+        waiter = threading.Thread(
+            target=lambda: outcomes.extend(kind.reap(dead_owner, [hook], dry_run=False))
+        )
+        waiter.start()
+        wait_for(lambda: _opens(path), 30, "the runner to open the hook file")
+        waiter.join(0.5)
+        assert waiter.is_alive()  # waiting for the lock, not answering "failed"
+        path.unlink()  # the other runner's hook succeeded: it removes the file, then unlocks
+    waiter.join(30)
+    [outcome] = outcomes
+    # Waited for, not counted as a failed attempt: the other ran it, this one did not.
+    assert outcome.ok and "already gone" in outcome.detail, outcome
+    assert not canary.exists()
+
+
+def test_following_the_spool_reports_each_change(spool, dead_owner, tmp_path):
+    """Hooks added, replaced by a rename over them, and removed, while the spool is
+    followed: each event's names are looked at again, and only what changed is told."""
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    kind.start(changes.put)
+
+    def put(name: str, argv: list[str]) -> Path:
+        tmp = write(spool / f".{name}.tmp", body(dead_owner, argv))
+        return tmp.rename(spool / name)  # as on_death writes a hook
+
+    def next_change() -> Found | Gone:
+        return changes.get(timeout=30)
+
+    a, b = f"{10:032x}.json", f"{11:032x}.json"
+    try:
+        assert changes.get(timeout=30).resources == ()
+        put(a, ["echo", "a"])
+        assert (found := next_change()).resource.key == a and "echo a" in found.resource.name
+        put(b, ["echo", "b"])
+        assert next_change().resource.key == b
+        os.replace(spool / b, spool / a)
+        told = {next_change(), next_change()}
+        assert {type(c) for c in told} == {Found, Gone}
+        [renamed] = [c for c in told if isinstance(c, Found)]
+        assert renamed.resource.key == a and "echo b" in renamed.resource.name
+        assert Gone("hook", b) in told
+        (spool / a).unlink()
+        assert next_change() == Gone("hook", a)
+        assert changes.empty()
+    finally:
+        kind.stop()
+
+
+class _FullFdTable:
+    """os for the hook spool module, but opening the spool fails with EMFILE while `full`."""
+
+    def __init__(self, spool: Path) -> None:
+        self.spool, self.full = str(spool), threading.Event()
+
+    def open(self, path, *args, **kw):
+        if self.full.is_set() and path == self.spool:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return os.open(path, *args, **kw)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+def test_a_spool_that_cannot_be_listed_now_loses_no_hook(spool, dead_owner, monkeypatch):
+    """A listing that failed (a full fd table) says nothing of the hooks: what was known
+    stands, and the spool is listed whole again once it can be."""
+    fake = _FullFdTable(spool)
+    monkeypatch.setattr(hookspool, "os", fake)
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    a, b = f"{20:032x}.json", f"{21:032x}.json"
+    write(spool / a, body(dead_owner, ["echo", "a"]))
+    kind.start(changes.put)
+    try:
+        assert [r.key for r in changes.get(timeout=30).resources] == [a]
+        fake.full.set()
+        write(spool / b, body(dead_owner, ["echo", "b"]))
+        with pytest.raises(OSError, match="Too many open files"):
+            kind.scan()
+        with pytest.raises(queue.Empty):  # not Gone(a)
+            changes.get(timeout=1.5)
+        fake.full.clear()
+        assert changes.get(timeout=30).resource.key == b
+        assert changes.empty()
+    finally:
+        kind.stop()
+
+
+def _opens(path: Path) -> bool:
+    """Whether this process has `path` open more than once (the test holds it once)."""
+    fds = os.listdir("/proc/self/fd")
+    return sum(os.path.realpath(f"/proc/self/fd/{fd}") == str(path) for fd in fds) > 1
+
+
+def test_a_hook_refused_for_an_unknown_uid_is_looked_at_again(spool, dead_owner, tmp_path):
+    """A user lookup that fails (NSS, LDAP for a moment) is not remembered until the file
+    changes: a later listing of the spool looks again. Here the uid gains its entry."""
+    uid, name = 54329, "exitwatch-nss-test"
+    with contextlib.suppress(KeyError):
+        pytest.skip(f"uid {uid} exists here: {pwd.getpwuid(uid).pw_name}")
+    path = write(spool / f"{7:032x}.json", body(dead_owner, ["true"]))
+    os.chown(path, uid, uid)
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    kind.start(changes.put)
+    try:
+        assert changes.get(timeout=30).resources == ()
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--uid", str(uid), name],
+            check=True,
+        )
+        try:
+            write(spool / f"{8:032x}.json", body(dead_owner, ["true"]))  # any change lists again
+            found = set()
+            while path.name not in found:
+                found.add(changes.get(timeout=30).resource.key)
+        finally:
+            subprocess.run(["userdel", name], check=True)
+    finally:
+        kind.stop()
+
+
+def test_a_live_owners_hook_is_refused_at_run_time(spool, tmp_path):
+    canary = tmp_path / "ran"
+    owner = spawn_owner()
+    try:
+        write(spool / f"{2:032x}.json", body(owner.owner, ["touch", str(canary)]))
+        kind = Hooks(str(spool))
+        [hook] = kind.scan().resources
+        [outcome] = kind.reap(owner.owner, [hook], dry_run=False)
+        assert outcome.refused and "alive" in outcome.detail
+        assert not canary.exists()
+    finally:
+        kill(owner)
+
+
+def test_a_hook_runs_where_its_user_may_go(spool, dead_owner, tmp_path, attacker):
+    """The recorded directory is entered as the user: a symlink into a place the user
+    cannot reach leads to HOME (here /nonexistent, so /) instead."""
+    hidden = tmp_path / "hidden"
+    (hidden / "inner").mkdir(parents=True)
+    os.chmod(hidden, 0o700)
+    out = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-", dir="/tmp"))
+    os.chmod(out, 0o1777)
+    try:
+        (out / "door").symlink_to(hidden / "inner")
+        for n, cwd in enumerate([str(out), str(out / "door")]):
+            path = write(
+                spool / f"{n:032x}.json", body(dead_owner, ["sh", "-c", f"pwd > {out}/{n}"])
+            )
+            os.chown(path, attacker.pw_uid, attacker.pw_gid)
+            data = json.loads(path.read_text()) | {"cwd": cwd}
+            path.write_text(json.dumps(data))
+        kind = Hooks(str(spool))
+        outcomes = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
+        assert all(o.ok for o in outcomes), outcomes
+        assert (out / "0").read_text() == f"{out}\n"
+        assert (out / "1").read_text() in (f"{attacker.pw_dir}\n", "/\n")
+    finally:
+        shutil.rmtree(out)
+
+
+def test_environment_and_death_are_handed_over(spool, dead_owner, tmp_path):
+    env_out = tmp_path / "env"
+    hook_id = on_death(["sh", "-c", f"env > {env_out}"], env={"SANDBOX": "sbx-9"})
+    # Rewritten to a dead_owner owner, as the agent would find it after a SIGKILL.
+    path = spool / f"{hook_id}.json"
+    write(path, json.loads(path.read_text()) | {"owner": str(dead_owner)})
+    kind = Hooks(str(spool))
+    [hook] = kind.scan().resources
+    [outcome] = kind.reap(dead_owner, [hook], False, "killed by SIGKILL (process gone)")
+    assert outcome.ok and outcome.key == hook.key
+    env = dict(line.split("=", 1) for line in env_out.read_text().splitlines())
+    assert env["SANDBOX"] == "sbx-9"
+    assert env["EXITWATCH_DEAD_OWNER"] == str(dead_owner)
+    assert env["EXITWATCH_DEATH"] == "killed by SIGKILL (process gone)"
+    assert env["USER"] == "root" and env["HOME"] and env["PATH"] and env["LANG"]
+    assert not path.exists()
+    # Ran once: its file is gone, so the same resource never runs again.
+    [again] = kind.reap(dead_owner, [hook], dry_run=False)
+    assert again.ok and "already gone" in again.detail
+
+
+def test_a_lone_surrogate_is_refused_with_a_warning(spool, dead_owner, tmp_path, caplog):
+    """JSON may carry "\\ud800", which decodes to a str that exec cannot take."""
+    canary = tmp_path / "ran"
+    good = body(dead_owner, ["touch", str(canary)])
+    bad = [
+        good | {"argv": ["touch", str(canary), "\ud800"]},
+        good | {"env": {"X": "\udfff"}},
+        good | {"cwd": "/\ud800"},
+    ]
+    for n, content in enumerate(bad):
+        write(spool / f"{n:032x}.json", content)
+    caplog.set_level(logging.WARNING)
+    assert Hooks(str(spool)).scan().resources == ()
+    warned = [r.getMessage() for r in caplog.records]
+    for n in range(len(bad)):
+        [line] = [m for m in warned if f"{n:032x}.json" in m]
+        assert "not valid UTF-8" in line
+    assert not canary.exists()
+
+
+def test_one_hook_that_raises_costs_the_others_nothing(
+    spool, dead_owner, tmp_path, caplog, monkeypatch
+):
+    """A hook that raises where it runs (here a lone surrogate, let through as the shape
+    check once did) gets one log line and a failed outcome; its sibling runs."""
+    monkeypatch.setattr(hookfile, "hook_problem", lambda body: None)
+    canary = tmp_path / "ran"
+    write(spool / f"{1:032x}.json", body(dead_owner, ["touch", str(canary), "\ud800"]))
+    write(spool / f"{2:032x}.json", body(dead_owner, ["touch", str(canary)]))
+    kind = Hooks(str(spool))
+    caplog.set_level(logging.WARNING)
+    raising, fine = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
+    assert fine.ok and canary.exists(), fine
+    assert not raising.ok and not raising.refused and "UnicodeEncodeError" in raising.detail
+    assert raising.key == f"{1:032x}.json"
+    [line] = [r for r in caplog.records if f"{1:032x}" in r.getMessage()]
+    assert line.exc_info is None  # one line, no traceback
+
+
+def _fuzzed(dead_owner: Owner, canary: Path) -> st.SearchStrategy[bytes]:
+    """Hook files that are bad by construction, each for a reason of its own, so that the
+    oracle owes nothing to the code under test: a good hook with one key dropped, one
+    unknown key added, or one value that breaks the contract; anything but an object;
+    random bytes."""
+    good = body(dead_owner, ["touch", str(canary)])
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+    values = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner),
+        max_leaves=8,
+    )
+    # Text with lone surrogates, which JSON can carry and exec cannot take.
+    surrogate = st.builds(
+        lambda a, s, b: a + s + b, st.text(), st.integers(0xD800, 0xDFFF).map(chr), st.text()
+    )
+    not_str = values.filter(lambda v: not isinstance(v, str))
+    not_number = values.filter(lambda v: isinstance(v, bool) or not isinstance(v, int | float))
+    with_nul = st.builds(lambda a, b: f"{a}\0{b}", st.text(), st.text())
+    bad_string = with_nul | surrogate
+    bad = {
+        # An owner is <boot id>:<pid>:<start time>: two colons, or it is not one.
+        "owner": not_str | st.text().filter(lambda t: t.count(":") != 2) | surrogate,
+        "argv": not_str.filter(lambda v: not isinstance(v, list))
+        | st.just([])
+        | st.builds(lambda rest: ["", *rest], st.lists(st.text(), max_size=2))
+        | st.builds(lambda v: ["true", v], not_str)
+        | st.builds(lambda v: ["true", v], bad_string),
+        "cwd": not_str
+        | st.text(min_size=1).filter(lambda t: not t.startswith("/"))
+        | bad_string.map(lambda t: "/" + t),
+        "env": not_str.filter(lambda v: not isinstance(v, dict))
+        | st.builds(lambda k: {k: "v"}, st.text().filter(lambda k: not k.isidentifier()))
+        | st.builds(lambda k: {f"{k}-": "v"}, st.from_regex(r"[A-Z_]{1,5}", fullmatch=True))
+        | st.builds(lambda v: {"X": v}, not_str | bad_string),
+        "timeout": not_number
+        | st.floats(max_value=0)
+        | st.floats(min_value=HOOK_MAX_TIMEOUT, exclude_min=True),
+        "created": not_number,
+    }
+    changed = st.sampled_from(sorted(bad)).flatmap(
+        lambda k: bad[k].map(lambda v, k=k: good | {k: v})
+    )
+    dropped = st.sampled_from(sorted(good)).map(lambda k: {x: good[x] for x in good if x != k})
+    added = st.builds(lambda k, v: good | {k: v}, st.text().filter(lambda k: k not in good), values)
+    not_object = values.filter(lambda v: not isinstance(v, dict))
+    # A broken value is most of the contract to get right: it gets most of the examples.
+    shapes = st.one_of(changed, changed, changed, dropped, added, not_object)
+    return shapes.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=300)
+
+
+def test_fuzzed_hook_files_are_refused_and_never_run(spool, dead_owner, tmp_path, caplog):
+    canary = tmp_path / "ran"
+    kind = Hooks(str(spool))
+    names = itertools.count()
+
+    @EXAMPLES
+    @given(data=_fuzzed(dead_owner, canary))
+    def one(data: bytes) -> None:
+        path = spool / f"{next(names):032x}.json"
+        path.write_bytes(data)
+        try:
+            os.chmod(path, 0o600)
+            caplog.clear()
+            assert kind.scan().resources == ()
+            [why] = [
+                r.getMessage().split(": refused: ", 1)[1]
+                for r in caplog.records
+                if f"{path}: refused" in r.getMessage()
+            ]
+            # Handed to the runner anyway (as a stale index entry would be, the very file it
+            # found), it refuses it again, for the same reason.
+            st_ = path.stat()
+            fake = Hook(
+                "hook", path.name, dead_owner, path.name, None, st_.st_uid, st_.st_ino, st_.st_dev
+            )
+            [outcome] = kind.reap(dead_owner, [fake], dry_run=False)
+            assert outcome.refused and outcome.detail == why, (outcome, why)
+        finally:
+            path.unlink()  # each example stands alone, a failing one too
+
+    caplog.set_level(logging.WARNING)
+    one()
+    assert not canary.exists()
+
+
+def test_the_runner_kills_on_timeout_even_a_group_leader_that_ignores_sigterm(
+    spool, dead_owner, tmp_path
+):
+    script = "trap '' TERM; while :; do sleep 1; done"
+    write(spool / f"{3:032x}.json", body(dead_owner, ["sh", "-c", script], timeout=0.3))
+    kind = Hooks(str(spool))
+    [outcome] = kind.reap(dead_owner, list(kind.scan().resources), dry_run=False)
+    assert outcome.extra["hook"]["timed_out"]
+    assert outcome.extra["hook"]["returncode"] == -signal.SIGKILL

@@ -1,0 +1,223 @@
+"""The checks a hook file and its spool must pass (contract.py's hook_problem and
+spool_problem, kinds/hooks/file.py's read_hook and check_spool), on decoded bodies, on
+stats, and on files of the test's own in a directory of its own, as any user.
+system/test_hook_files.py has the same on root's real spool, with other users and mounts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exitwatch.contract import HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT, hook_problem, spool_problem
+from exitwatch.kinds.hooks.file import HookError, check_spool, read_hook
+from exitwatch.owner import owner_of
+
+OWNER = str(owner_of())
+
+
+def good(**over: object) -> dict:
+    """A hook body as on_death writes one, with `over` replacing its fields."""
+    return {
+        "owner": OWNER,
+        "argv": ["curl", "-X", "DELETE", "http://127.0.0.1/sandboxes/1"],
+        "cwd": "/tmp",
+        "env": {"TOKEN": "s3cret"},
+        "timeout": 60.0,
+        "created": time.time(),
+    } | over
+
+
+def dir_stat(uid: int, mode: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, uid, 0, 0, 0, 0))
+
+
+# -- hook_problem: the shape of a body -----------------------------------------------------------
+
+
+def test_a_good_body_has_no_problem():
+    assert hook_problem(good()) is None
+    assert hook_problem(good(cwd="")) is None  # "": HOME, the directory was gone
+    assert hook_problem(good(env={})) is None
+    assert hook_problem(good(timeout=HOOK_MAX_TIMEOUT, created=0)) is None
+    assert hook_problem(good(timeout=1)) is None  # an int is a number too
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ([], "it is not a JSON object"),
+        ("hook", "it is not a JSON object"),
+        (None, "it is not a JSON object"),
+        ({k: v for k, v in good().items() if k not in ("argv", "cwd")}, "it lacks argv, cwd"),
+        (good(extra=1, also=2), "it has unknown keys ['also', 'extra']"),
+        (good(owner=7), '"owner" is not a string'),
+        (good(argv=[]), '"argv" is not a non-empty list of strings'),
+        (good(argv="true"), '"argv" is not a non-empty list of strings'),
+        (good(argv=["true", 1]), '"argv" is not a non-empty list of strings'),
+        (good(argv=[""]), '"argv" has an empty command or a NUL character'),
+        (good(argv=["true", "a\0b"]), '"argv" has an empty command or a NUL character'),
+        (good(cwd="relative/dir"), '"cwd" is not an absolute path or ""'),
+        (good(cwd="/tmp\0x"), '"cwd" is not an absolute path or ""'),
+        (good(cwd=None), '"cwd" is not an absolute path or ""'),
+        (good(env=[]), '"env" is not an object of NAME: "value" strings'),
+        (good(env={"1BAD": "x"}), '"env" is not an object of NAME: "value" strings'),
+        (good(env={"A-B": "x"}), '"env" is not an object of NAME: "value" strings'),
+        (good(env={"X": 1}), '"env" is not an object of NAME: "value" strings'),
+        (good(env={"X": "a\0b"}), '"env" is not an object of NAME: "value" strings'),
+        (good(timeout=True), '"timeout" is not a number'),
+        (good(timeout="60"), '"timeout" is not a number'),
+        (good(timeout=0), f'"timeout" is not in (0, {HOOK_MAX_TIMEOUT:g}] seconds'),
+        (good(timeout=-1), f'"timeout" is not in (0, {HOOK_MAX_TIMEOUT:g}] seconds'),
+        (
+            good(timeout=HOOK_MAX_TIMEOUT + 0.5),
+            f'"timeout" is not in (0, {HOOK_MAX_TIMEOUT:g}] seconds',
+        ),
+        (good(created=False), '"created" is not a number'),
+        (good(created="now"), '"created" is not a number'),
+        (
+            good(argv=["true", "\ud800"]),
+            "it has a string that is not valid UTF-8 (a lone surrogate)",
+        ),
+        (good(env={"X": "\udfff"}), "it has a string that is not valid UTF-8 (a lone surrogate)"),
+        (good(cwd="/\ud800"), "it has a string that is not valid UTF-8 (a lone surrogate)"),
+        (good(owner="\ud800"), "it has a string that is not valid UTF-8 (a lone surrogate)"),
+    ],
+)
+def test_a_bad_body_says_what_is_wrong_with_it(body, why):
+    assert hook_problem(body) == why
+
+
+def test_a_long_list_of_unknown_keys_is_cut_short():
+    why = hook_problem(good(**{f"key_{n:03d}": n for n in range(100)}))
+    assert why is not None and why.startswith("it has unknown keys ['key_000'")
+    assert len(why) <= len("it has unknown keys ") + 100
+
+
+# -- spool_problem: who could tamper with the spool ----------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o1733, 0o1777, 0o755, 0o700, 0o3733])
+def test_a_spool_of_roots_that_others_cannot_rewrite_has_no_problem(mode):
+    assert spool_problem(dir_stat(0, mode)) is None
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o733, 0o775, 0o757, 0o2777])
+def test_a_spool_writable_by_others_without_the_sticky_bit_is_refused(mode):
+    assert spool_problem(dir_stat(0, mode)) == f"it has mode {mode:04o}: writable, not sticky"
+
+
+def test_a_spool_not_a_directory_of_roots_is_refused():
+    assert spool_problem(dir_stat(1000, 0o1733)) == "it is not a directory owned by root"
+    regular = os.stat_result((stat.S_IFREG | 0o1733, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+    assert spool_problem(regular) == "it is not a directory owned by root"
+
+
+def test_check_spool_refuses_a_symlink_or_a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path)
+    for name in ("file", "link"):
+        with pytest.raises(HookError, match=r"^it is not a directory owned by root$"):
+            check_spool(str(tmp_path / name))
+
+
+# -- read_hook: one file of a spool, as any user ------------------------------------------------
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """A directory of the test's own standing for the spool; (its path, an fd of it)."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield tmp_path, fd
+    finally:
+        os.close(fd)
+
+
+def write(path: Path, content: dict | bytes, mode: int = 0o600) -> Path:
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    os.chmod(path, mode)
+    return path
+
+
+def refusal(spool: tuple[Path, int], name: str) -> str:
+    with pytest.raises(HookError) as err:
+        read_hook(spool[1], name)
+    return str(err.value)
+
+
+def test_a_good_hook_file_is_read_with_who_owns_it(spool):
+    top, fd = spool
+    name = f"{'a' * 32}.json"
+    write(top / name, good())
+    hook, body, hook_fd = read_hook(fd, name)
+    try:
+        st = os.fstat(hook_fd)
+        assert body == json.loads((top / name).read_text())
+        assert (hook.kind, hook.key, str(hook.owner)) == ("hook", name, OWNER)
+        assert (hook.uid, hook.ino, hook.dev) == (os.getuid(), st.st_ino, st.st_dev)
+        assert hook.name == f"{'a' * 32}: curl -X DELETE http://127.0.0.1/sandboxes/1"
+    finally:
+        os.close(hook_fd)
+
+
+def test_what_the_index_shows_of_a_hook_is_short_and_printable(spool):
+    top, fd = spool
+    write(top / "h.json", good(argv=["sh", "-c", "echo\nforged line\x1b[2J", "x" * 500]))
+    hook, _, hook_fd = read_hook(fd, "h.json")
+    os.close(hook_fd)
+    assert hook.name.isprintable() and "echo\\nforged line\\x1b[2J" in hook.name
+    assert "x" * 200 not in hook.name  # its command's start, cut short
+
+
+def test_a_missing_hook_file_is_gone_not_refused(spool):
+    with pytest.raises(FileNotFoundError):
+        read_hook(spool[1], "none.json")
+
+
+def test_special_files_and_links_are_refused(spool):
+    top, _ = spool
+    target = write(top / "target.json", good())
+    (top / "symlink.json").symlink_to(target)
+    os.mkfifo(top / "fifo.json", 0o600)
+    (top / "dir.json").mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(top / "socket.json"))
+        assert refusal(spool, "socket.json").startswith("it cannot be opened: ")
+    os.link(target, top / "linked.json")
+    assert refusal(spool, "symlink.json") == "it is a symlink"
+    assert refusal(spool, "fifo.json") == "it is a FIFO, not a regular file"  # never blocks
+    assert refusal(spool, "dir.json") == "it is a directory, not a regular file"
+    assert refusal(spool, "linked.json") == "it has 2 links, not 1"
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
+def test_a_hook_file_others_could_rewrite_is_refused(spool, mode):
+    write(spool[0] / "loose.json", good(), mode)
+    why = refusal(spool, "loose.json")
+    assert why == f"it is writable by group or others (mode {mode:04o})"
+
+
+def test_a_hook_file_that_is_too_large_or_not_utf8_json_is_refused(spool):
+    top, _ = spool
+    write(top / "large.json", good(argv=["true", "x" * HOOK_MAX_BYTES]))
+    write(top / "latin1.json", b'{"owner": "caf\xe9"}')
+    write(top / "half.json", b'{"owner": ')
+    write(top / "deep.json", b"[" * 4000)
+    assert refusal(spool, "large.json") == f"it is larger than {HOOK_MAX_BYTES} bytes"
+    for name in ("latin1.json", "half.json", "deep.json"):
+        assert refusal(spool, name) == "it is not UTF-8 JSON", name
+
+
+def test_a_hook_file_of_a_bad_shape_or_owner_is_refused_for_that(spool):
+    top, _ = spool
+    write(top / "shape.json", good(timeout=0))
+    write(top / "owner.json", good(owner="1:2:3"))
+    assert refusal(spool, "shape.json") == hook_problem(good(timeout=0))
+    assert refusal(spool, "owner.json").startswith("it names a bad owner: ")

@@ -1,0 +1,166 @@
+"""The man pages and the conffile kept in step with the code: exitwatch(8) names every
+command and option, exitwatch.toml(5) every setting with its default and its docstring,
+exitwatch-run(1) the run's options and exit statuses; each renders without warnings, and
+packaging/config.toml documents every setting with its default. system/test_deb.py builds
+and installs the package."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+
+import click
+import pytest
+
+from exitwatch.cli import cli
+from exitwatch.service import config as config_module
+from exitwatch.service.config import Config
+
+from support.packaging import PACKAGING, PAGES, man
+from support.procs import run
+
+ROOT = PACKAGING.parent
+
+
+def _manpage_module():
+    # As debian/rules runs it: a script beside mansource.py, which it imports.
+    sys.path.insert(0, str(PACKAGING))
+    try:
+        return importlib.import_module("manpage")
+    finally:
+        sys.path.remove(str(PACKAGING))
+
+
+def _commands(group: click.Group, path: str) -> Iterator[tuple[str, click.Command]]:
+    for name, cmd in sorted(group.commands.items()):
+        if cmd.hidden:
+            continue
+        yield f"{path} {name}", cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, f"{path} {name}")
+
+
+def test_man_page_lists_every_command_and_option() -> None:
+    page = _manpage_module().render("exitwatch.8")
+    sections = re.split(r'^\.SS "', page, flags=re.M)
+    by_command = {s.split('"', 1)[0].split(" [")[0]: s for s in sections[1:]}
+    for path, cmd in _commands(cli, "exitwatch"):
+        escaped = path.replace("-", "\\-")
+        assert escaped in by_command, f"{path} has no section in exitwatch(8)"
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                for opt in (*param.opts, *param.secondary_opts):
+                    assert opt.replace("-", "\\-") in by_command[escaped], (
+                        f"{path} {opt} is missing from exitwatch(8)"
+                    )
+            elif isinstance(param, click.Argument):
+                name = param.human_readable_name.replace("-", "\\-")
+                assert name in by_command[escaped].splitlines()[0]
+    assert "\\-\\-version" in page
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_man_page_renders_without_warnings(tmp_path: Path, name: str) -> None:
+    if not Path("/usr/bin/man").exists():
+        pytest.skip("man-db is not installed (make apt installs it)")
+    page = tmp_path / name
+    page.write_text(_manpage_module().render(name))
+    shown = man(page)
+    assert f"{name.rsplit('.', 1)[0]} - " in shown  # the NAME line
+
+
+def test_manpage_script_takes_the_page_to_write() -> None:
+    script = [sys.executable, str(PACKAGING / "manpage.py")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = run([*script, "exitwatch.toml.5"], env=env)
+    assert done.stdout.startswith(".TH EXITWATCH.TOML 5 ")
+    bad = run([*script, "exitwatch.1"], env=env, check=False)
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr.strip().splitlines() == [
+        "usage: manpage.py PAGE, one of exitwatch.8, exitwatch.toml.5, exitwatch-run.1"
+    ]
+
+
+def _plain(roff: str) -> str:
+    """Roff text without its font changes and escapes."""
+    return re.sub(r"\\f[BIR]", "", roff).replace("\\-", "-").replace("\\e", "\\")
+
+
+def _setting(page: str, key: str) -> str:
+    """The paragraph of exitwatch.toml(5) about `key`: its tag line to the next one."""
+    return page.split(f"\n.TP\n\\fB{key}\\fR ", 1)[1].split("\n.TP\n", 1)[0].split("\n.SH")[0]
+
+
+def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_path) -> None:
+    manpage = _manpage_module()
+    page = manpage.render("exitwatch.toml.5")
+    docs = manpage.field_docs()
+    for field in fields(Config):
+        assert field.name in docs, f"Config.{field.name} has no docstring after it"
+        about = _setting(page, field.name)
+        said = " ".join(docs[field.name].replace("`", "").split())
+        assert said in " ".join(_plain(about).split()), field.name
+        assert "\nTakes " in about, field.name
+        if field.default is None:
+            assert about.startswith("(unset)"), field.name
+            continue
+        # The default as the page writes it is what the file means by it.
+        written = _plain(about.split("\n", 1)[0]).removeprefix("= ")
+        path = tmp_path / f"{field.name}.toml"
+        path.write_text(f"{field.name} = {written}\n")
+        assert getattr(config_module.load(str(path)), field.name) == field.default, written
+    assert "Takes a number in 0.01..3600." in _setting(page, "poll_interval")
+    assert "\\-\\-workdir\\-root (exitwatch agent, exitwatch reap)" in _setting(
+        page, "workdir_roots"
+    )
+    example = tmp_path / "example.toml"
+    example.write_text(manpage.CONFIG_EXAMPLE)
+    config_module.load(str(example))
+
+
+def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
+    from exitwatch.runner.supervise import SETUP_FAILED
+
+    page = _manpage_module().render("exitwatch-run.1")
+    run_cmd = cli.commands["run"]
+    for param in run_cmd.params:
+        if isinstance(param, click.Option):
+            for opt in param.opts:
+                assert opt.replace("-", "\\-") in page, opt
+    statuses = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
+    for code in (2, SETUP_FAILED, 126, 127):
+        assert f".B {code}\n" in statuses, code
+
+
+def _documented() -> dict[str, object]:
+    """The conffile's example settings: every `#key = value` line, uncommented."""
+    text = (PACKAGING / "config.toml").read_text()
+    lines = re.findall(r"^#(\w+ = .*)$", text, flags=re.M)
+    return tomllib.loads("\n".join(lines))
+
+
+def test_conffile_documents_every_setting_with_its_default(tmp_path: Path) -> None:
+    documented = _documented()
+    known = {f.name: f.default for f in fields(Config)}
+    assert set(known) <= set(documented), f"undocumented: {set(known) - set(documented)}"
+    assert set(documented) <= set(known), f"unknown: {set(documented) - set(known)}"
+    for key, default in known.items():
+        if default is not None:  # unset by default: the file shows an example value
+            value = documented[key]
+            assert (tuple(value) if isinstance(value, list) else value) == default, key
+    # And the examples are valid settings, so uncommenting one never stops the agent.
+    path = tmp_path / "config.toml"
+    path.write_text(
+        "\n".join(
+            line[1:]
+            for line in (PACKAGING / "config.toml").read_text().splitlines()
+            if re.match(r"#(\w+) = ", line) and line[1:].split(" ", 1)[0] in known
+        )
+    )
+    config_module.load(str(path))

@@ -1,0 +1,39 @@
+"""`exitwatch run` refusing bad use before it runs anything: one line and its own exit
+status, nothing run, nothing left behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from support.wrapper import env_for, run
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--"], ["--bogus", "--", "touch", "ran"], ["--grace", "x", "--", "touch", "ran"]]
+)
+def test_bad_use_is_one_line_and_exit_2(bases, tmp_path, args) -> None:
+    done = run(args, env_for(bases), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("exitwatch run: "), done.stderr
+    assert not (tmp_path / "ran").exists()
+    assert list(bases.iterdir()) == []
+
+
+def test_an_engine_that_is_not_a_unix_socket_is_refused(bases, tmp_path) -> None:
+    env = env_for(bases, DOCKER_HOST="tcp://127.0.0.1:2375")
+    done = run(["--", "touch", "ran"], env, cwd=tmp_path)
+    assert done.returncode == 125
+    assert done.stderr.count("\n") == 1 and "only an engine on a unix socket" in done.stderr
+    assert not (tmp_path / "ran").exists()
+    assert list(bases.iterdir()) == []
+
+
+def test_a_tmpdir_that_cannot_hold_the_runs_directory_is_one_line(bases, tmp_path) -> None:
+    done = run(["--", "touch", "ran"], env_for(bases, TMPDIR=str(tmp_path / "none")), cwd=tmp_path)
+    assert done.returncode == 125
+    where = tmp_path / "none"
+    assert done.stderr == f"exitwatch run: cannot make the run's directory in {where}: " + (
+        "No such file or directory\n"
+    )
+    assert not (tmp_path / "ran").exists()
+    assert list(bases.iterdir()) == []  # the socket's directory, made first, went too

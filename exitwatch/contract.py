@@ -34,14 +34,16 @@ def owner_labels(pid: int | None = None) -> dict[str, str]:
     return {LABEL_OWNER: str(owner_of(pid))}
 
 
-def mark_workdir(path: str | os.PathLike[str], pid: int | None = None) -> None:
-    """Mark directory `path` as owned by process `pid` (default: the calling process).
+def mark_workdir(path: str | os.PathLike[str] | int, pid: int | None = None) -> None:
+    """Mark directory `path` (or the directory open as descriptor `path`) as owned by
+    process `pid` (default: the calling process).
 
     The marker is written to a temporary name and renamed into place, so the agent never
     reads a half-written one.
     """
     body = json.dumps({"owner": str(owner_of(pid))}).encode()
-    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    given = isinstance(path, int)
+    dir_fd = path if given else os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         tmp = f"{MARKER}.{os.getpid()}.tmp"
         fd = os.open(
@@ -53,7 +55,8 @@ def mark_workdir(path: str | os.PathLike[str], pid: int | None = None) -> None:
             os.close(fd)
         os.rename(tmp, MARKER, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     finally:
-        os.close(dir_fd)
+        if not given:
+            os.close(dir_fd)
 
 
 # On-death hooks: a file per hook in a spool that only its writer (or root) can remove.

@@ -14,7 +14,8 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from exitwatch.contract import MARKER
 from exitwatch.kinds import fsops
@@ -92,39 +93,19 @@ class Workdirs(ResourceKind):
         ]
 
     def _remove_one(self, owner: Owner, path: str, dry_run: bool) -> Outcome:
-        what = _what(path)  # for people, and for log lines
-        try:
+        def act() -> Outcome:
             root, parts = self._locate(path)
+            parent = _opened(fsops.open_under, root, parts[:-1])
             try:
-                parent = fsops.open_under(root, parts[:-1])
+                fd = _opened(fsops.open_dir, parent, parts[-1])
                 try:
-                    fd = fsops.open_dir(parent, parts[-1])
-                except BaseException:
-                    os.close(parent)
-                    raise
-            except OSError as err:
-                if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _Refused(
-                        "it or a directory above it is a symlink or not a directory"
-                    ) from None
-                if err.errno == errno.EXDEV:
-                    raise _Refused(
-                        "it or a directory above it is a mount point or on another filesystem"
-                    ) from None
-                raise
-            try:
-                return self._remove_open(owner, what, parent, parts[-1], fd, dry_run)
+                    return _remove_open(owner, _what(path), parent, parts[-1], fd, dry_run)
+                finally:
+                    os.close(fd)
             finally:
-                os.close(fd)
                 os.close(parent)
-        except _Refused as why:
-            log.warning("%s: refused to remove: %s", what, why)
-            return Outcome.refusal(what, KIND, str(why))
-        except FileNotFoundError:
-            return Outcome.done(what, KIND, "already gone")
-        except OSError as err:
-            log.warning("%s: removal failed: %s", what, err.strerror or err)
-            return Outcome.failed(what, KIND, f"failed: {err.strerror or err}")
+
+        return _judged(_what(path), act)
 
     def _locate(self, path: str) -> tuple[str, list[str]]:
         if not os.path.isabs(path) or os.path.normpath(path) != path or "\0" in path:
@@ -139,44 +120,97 @@ class Workdirs(ResourceKind):
             raise _Refused(f"it is more than {self.depth} levels below {printable(where[0])}")
         return where
 
-    def _remove_open(
-        self, owner: Owner, what: str, parent: int, name: str, fd: int, dry_run: bool
-    ) -> Outcome:
-        st = os.fstat(fd)
+
+def remove_made(owner: Owner, parent: int, name: str, made: int, path: str) -> Outcome:
+    """Remove the workdir `name` of the open directory `parent` by the checks remove()
+    makes, if it is still the directory open as `made`: one put in its place since, marked
+    alike or not, is refused, and so is `made` moved elsewhere. For `exitwatch run`, which
+    made it and has held both descriptors since; `path` names it in messages."""
+
+    def act() -> Outcome:
         try:
-            marker_owner, mst = marker.read(fd)
+            fd = _opened(fsops.open_dir, parent, name)
         except FileNotFoundError:
-            raise _Refused("it has no marker") from None
-        except marker.MarkerError as err:
-            raise _Refused(f"its marker {err}") from None
-        if marker_owner != owner:
-            raise _Refused(f"its marker names owner {marker_owner}, not {owner}")
-        why = marker.claim(st, mst)
-        if why is not None:
-            raise _Refused(f"its marker {why}")
-        if dry_run:
-            return Outcome.done(what, KIND, "would remove")
-        left: list[walk.Left] = []
-        for _ in range(REMOVE_PASSES):
-            left = walk.empty_dir(fd, functools.partial(_foreign, owner=owner), MARKER)
-            if any(kept for _, _, kept in left):
-                break
-            if left:
-                continue
-            # The marker goes last, so a workdir that could not be emptied is found again.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(MARKER, dir_fd=fd)
-            if _rmdir_same(parent, name, st):
-                return Outcome.done(what, KIND)
-            left = [(".", "entries appeared during removal", False)]
-        lines = [f"{printable(rel)}: {why}" for rel, why, _ in left]
-        shown = "; ".join(lines[:5]) + (f"; and {len(lines) - 5} more" if len(lines) > 5 else "")
-        log.warning("%s: left in place: %s", what, shown)
-        kept = any(kept for _, _, kept in left)
-        detail = f"left {len(lines)} entries: {shown}"
-        return Outcome(
-            what=what, kind=KIND, ok=False, detail=detail, refused=kept, extra={"left": lines}
-        )
+            if os.fstat(made).st_nlink:  # a removed directory has no links left
+                raise _Refused("it was moved elsewhere") from None
+            raise
+        try:
+            st, mst = os.fstat(fd), os.fstat(made)
+            if (st.st_dev, st.st_ino) != (mst.st_dev, mst.st_ino):
+                raise _Refused("another directory was put in its place")
+            return _remove_open(owner, _what(path), parent, name, fd, False)
+        finally:
+            os.close(fd)
+
+    return dataclasses.replace(_judged(_what(path), act), key=path)
+
+
+def _opened(opener: Callable[..., int], *args: Any) -> int:
+    """opener(*args), its symlink and mount errors turned into refusals."""
+    try:
+        return opener(*args)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Refused("it or a directory above it is a symlink or not a directory") from None
+        if err.errno == errno.EXDEV:
+            raise _Refused(
+                "it or a directory above it is a mount point or on another filesystem"
+            ) from None
+        raise
+
+
+def _judged(what: str, act: Callable[[], Outcome]) -> Outcome:
+    """act()'s outcome, or what its refusal or error makes of the removal."""
+    try:
+        return act()
+    except _Refused as why:
+        log.warning("%s: refused to remove: %s", what, why)
+        return Outcome.refusal(what, KIND, str(why))
+    except FileNotFoundError:
+        return Outcome.done(what, KIND, "already gone")
+    except OSError as err:
+        log.warning("%s: removal failed: %s", what, err.strerror or err)
+        return Outcome.failed(what, KIND, f"failed: {err.strerror or err}")
+
+
+def _remove_open(
+    owner: Owner, what: str, parent: int, name: str, fd: int, dry_run: bool
+) -> Outcome:
+    st = os.fstat(fd)
+    try:
+        marker_owner, mst = marker.read(fd)
+    except FileNotFoundError:
+        raise _Refused("it has no marker") from None
+    except marker.MarkerError as err:
+        raise _Refused(f"its marker {err}") from None
+    if marker_owner != owner:
+        raise _Refused(f"its marker names owner {marker_owner}, not {owner}")
+    why = marker.claim(st, mst)
+    if why is not None:
+        raise _Refused(f"its marker {why}")
+    if dry_run:
+        return Outcome.done(what, KIND, "would remove")
+    left: list[walk.Left] = []
+    for _ in range(REMOVE_PASSES):
+        left = walk.empty_dir(fd, functools.partial(_foreign, owner=owner), MARKER)
+        if any(kept for _, _, kept in left):
+            break
+        if left:
+            continue
+        # The marker goes last, so a workdir that could not be emptied is found again.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(MARKER, dir_fd=fd)
+        if _rmdir_same(parent, name, st):
+            return Outcome.done(what, KIND)
+        left = [(".", "entries appeared during removal", False)]
+    lines = [f"{printable(rel)}: {why}" for rel, why, _ in left]
+    shown = "; ".join(lines[:5]) + (f"; and {len(lines) - 5} more" if len(lines) > 5 else "")
+    log.warning("%s: left in place: %s", what, shown)
+    kept = any(kept for _, _, kept in left)
+    detail = f"left {len(lines)} entries: {shown}"
+    return Outcome(
+        what=what, kind=KIND, ok=False, detail=detail, refused=kept, extra={"left": lines}
+    )
 
 
 def _what(path: str) -> str:

@@ -278,15 +278,16 @@ def _head(event: h11.Request, length: int) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
-def listen(directory: str) -> socket.socket:
+def listen(directory: str, dir_fd: int | None = None) -> socket.socket:
     """A listening unix socket `docker.sock` in `directory`; ProxyError if the path is too
-    long for a socket address (sun_path holds 108 bytes)."""
+    long for a socket address (sun_path holds 108 bytes). With `dir_fd`, a descriptor of
+    `directory`, it is bound in that directory whatever `directory` names by then."""
     path = os.path.join(directory, "docker.sock")
     if len(os.fsencode(path)) >= 108:
         raise ProxyError(f"{path}: too long for a unix socket address (108 bytes at most)")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(path)
+        listener.bind(path if dir_fd is None else f"/proc/self/fd/{dir_fd}/docker.sock")
         listener.listen(BACKLOG)
     except OSError as err:
         listener.close()

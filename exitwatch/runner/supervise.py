@@ -2,10 +2,11 @@
 
 The wrapper is the owner. CMD is its child, killed with it (parent-death signal); its Docker
 client is pointed at the run's socket (proxy.py), which labels what it creates, and its
-TMPDIR at a marked directory. When CMD ends, whatever the cause, the wrapper ends CMD's
-leftover descendants (it is their subreaper), removes the run's containers, networks, volumes
-and directories with the agent's own removal code, and exits with CMD's status. Were the
-wrapper killed instead, the agent finds all of it by the same label and markers.
+TMPDIR at a marked directory (dirs.py says where both go, and why there). When CMD ends,
+whatever the cause, the wrapper ends CMD's leftover descendants (it is their subreaper),
+removes the run's containers, networks, volumes and directories with the agent's own
+removal code, and exits with CMD's status. Were the wrapper killed instead, the agent finds
+all of it by the same label and markers.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from exitwatch import procfs
-from exitwatch.contract import ENV_OWNER, ENV_RUN, mark_workdir
-from exitwatch.kinds.base import Outcome, Resource
+from exitwatch.contract import ENV_OWNER, ENV_RUN
+from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner, OwnerError, owner_of
+from exitwatch.runner import dirs
 from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, listen
 
 PR_SET_PDEATHSIG = 1
@@ -35,8 +36,6 @@ ESCALATE = (signal.SIGINT, signal.SIGTERM)  # a second one of these kills CMD
 WAITED = {*FORWARDED, signal.SIGCHLD}
 KILL_WAIT = 5.0  # seconds to wait for leftovers to die of SIGKILL before saying so
 SETUP_FAILED = 125  # the wrapper could not run CMD at all, as timeout(1) and env(1) say
-SOCKET_BASES = ("XDG_RUNTIME_DIR",)  # short directories for the socket, before /tmp
-PREFIX = "exitwatch-run-"
 ENDED = "the run ended"  # how the owner "died", for the removal code it reuses
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -62,23 +61,6 @@ def _say(text: str) -> None:
     print(f"exitwatch run: {text}", file=sys.stderr, flush=True)
 
 
-def _fresh_dir(base: str, owner: Owner) -> str:
-    """A new 0700 directory under `base`, marked with `owner` (its path has no symlinks, as
-    the workdir removal code wants)."""
-    path = tempfile.mkdtemp(prefix=PREFIX, dir=os.path.realpath(base))
-    mark_workdir(path, owner.pid)
-    return path
-
-
-def _socket_base(env: Mapping[str, str]) -> str:
-    for name in SOCKET_BASES:
-        base = env.get(name, "")
-        # Room for "/exitwatch-run-XXXXXXXX/docker.sock" within sun_path's 108 bytes.
-        if base.startswith("/") and len(base) < 60 and os.path.isdir(base):
-            return base
-    return "/tmp"
-
-
 def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.environ) -> int:
     """Run `argv` as the run's command; its exit status (128+N for signal N), or 127/126
     when it cannot be executed. Raises RunError, before running anything, when the run
@@ -87,27 +69,38 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
         owner = owner_of()
         engine = engine_path(env)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    except (OwnerError, ProxyError, OSError) as err:
+        bases = dirs.pick(env, settings.tmpdir)
+    except (OwnerError, ProxyError, OSError, dirs.NoPlace) as err:
         raise RunError(str(err)) from None
+    for note in bases.notes:
+        _say(note)
     # Signals are taken with sigwaitinfo, which says who sent each. Blocked from here on, a
     # signal that comes during set-up waits for CMD; every thread inherits the mask.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
-    made: list[str] = []
+    made: list[dirs.Made] = []
+    proxy = None
+    base = bases.socket
     try:
         try:
-            made.append(_fresh_dir(_socket_base(env), owner))
-            listener = listen(made[0])
+            made.append(dirs.make(base, owner))
+            # Bound through the directory's descriptor, the socket lands in it whatever the
+            # path names by then; clients connect by the path, which nobody else can change.
+            listener = listen(made[0].path, dir_fd=made[0].fd)
             child_env = dict(env)
-            child_env["DOCKER_HOST"] = f"unix://{made[0]}/docker.sock"
+            child_env["DOCKER_HOST"] = f"unix://{made[0].path}/docker.sock"
             child_env[ENV_OWNER] = child_env[ENV_RUN] = str(owner)
-            if settings.tmpdir:
-                made.append(_fresh_dir(env.get("TMPDIR") or "/tmp", owner))
-                child_env["TMPDIR"] = made[1]
+            if bases.tmpdir is not None:
+                base = bases.tmpdir
+                made.append(dirs.make(base, owner))
+                child_env["TMPDIR"] = made[1].path
         except ProxyError as err:
             raise RunError(str(err)) from None
         except OSError as err:
-            where = os.path.dirname(err.filename or "") or "?"
-            raise RunError(f"cannot make the run's directory in {where}: {err.strerror}") from None
+            raise RunError(
+                f"cannot make the run's directory in {base.path}: {err.strerror}"
+            ) from None
+        finally:
+            bases.close()
         proxy = Proxy(listener, engine, str(owner))
         status = _supervise(argv, child_env, proxy, settings, old_mask)
         proxy.stop()
@@ -247,13 +240,12 @@ def _end_descendants(grace: float) -> None:
         signal.sigtimedwait({signal.SIGCHLD}, 0.05)
 
 
-def _cleanup(owner: Owner, engine: str, made: list[str]) -> None:
+def _cleanup(owner: Owner, engine: str, made: list[dirs.Made]) -> None:
     """Remove what the run holds: its containers (compose projects whole), networks and
     volumes, then its directories. Says what could not go; the agent retries that once the
     wrapper is gone."""
     from exitwatch.kinds.docker.engine import EngineError
     from exitwatch.kinds.docker.kind import Containers
-    from exitwatch.kinds.workdirs.kind import KIND, Workdirs
 
     outcomes: list[Outcome] = []
     docker = Containers(host=f"unix://{engine}")
@@ -266,11 +258,7 @@ def _cleanup(owner: Owner, engine: str, made: list[str]) -> None:
                 _say(f"containers of the run left in place: {err}")
     finally:
         docker.stop()
-    for path in made:
-        dirs = Workdirs(roots=(os.path.dirname(path),), depth=1)
-        outcomes += dirs.remove(
-            owner, [Resource(KIND, path, owner, path)], dry_run=False, how=ENDED
-        )
+    outcomes += [dirs.remove(m, owner) for m in made]
     for o in outcomes:
         if not o.ok:
             _say(f"{o.what} left in place: {o.detail}")

@@ -97,6 +97,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._workers = relay.Workers()
+        self.reached = False  # the engine took a connection: things may be made through it
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._serve, name="exitwatch-proxy", daemon=True)
@@ -136,6 +137,7 @@ class Proxy:
             upstream.close()
             client.close()
             return
+        self.reached = True
         with self._lock:
             self._open.update((client, upstream))
         back = threading.Event()

@@ -37,6 +37,10 @@ WAITED = {*FORWARDED, signal.SIGCHLD}
 KILL_WAIT = 5.0  # seconds to wait for leftovers to die of SIGKILL before saying so
 SETUP_FAILED = 125  # the wrapper could not run CMD at all, as timeout(1) and env(1) say
 ENDED = "the run ended"  # how the owner "died", for the removal code it reuses
+STAYS = (
+    "the run's containers, networks and volumes there stay, and the agent reaps them by "
+    "their label once it answers again"
+)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -105,7 +109,7 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
         status = _supervise(argv, child_env, proxy, settings, old_mask)
         proxy.stop()
     finally:
-        _cleanup(owner, engine, made)
+        _cleanup(owner, engine, made, proxy is not None and proxy.reached)
     return status
 
 
@@ -240,10 +244,10 @@ def _end_descendants(grace: float) -> None:
         signal.sigtimedwait({signal.SIGCHLD}, 0.05)
 
 
-def _cleanup(owner: Owner, engine: str, made: list[dirs.Made]) -> None:
+def _cleanup(owner: Owner, engine: str, made: list[dirs.Made], reached: bool) -> None:
     """Remove what the run holds: its containers (compose projects whole), networks and
     volumes, then its directories. Says what could not go; the agent retries that once the
-    wrapper is gone."""
+    wrapper is gone. `reached`: whether the engine ever took a connection of the socket's."""
     from exitwatch.kinds.docker.engine import EngineError
     from exitwatch.kinds.docker.kind import Containers
 
@@ -253,9 +257,11 @@ def _cleanup(owner: Owner, engine: str, made: list[dirs.Made]) -> None:
         try:
             outcomes += docker.remove(owner, docker.owned(owner), dry_run=False, how=ENDED)
         except EngineError as err:
-            # Nothing can have been created through the socket if the engine never answered.
-            if docker.ping() is None:
+            down = docker.ping()
+            if down is None:
                 _say(f"containers of the run left in place: {err}")
+            elif reached:  # else nothing can have been made through the socket
+                _say(f"{down}; {STAYS}")
     finally:
         docker.stop()
     outcomes += [dirs.remove(m, owner) for m in made]

@@ -112,3 +112,34 @@ def test_everything_goes_after_a_sigterm_to_the_wrapper(engine, bases) -> None:
     assert api.containers(all=True, filters=owned) == []
     assert api.networks(filters=owned) == [] and not api.volumes(filters=owned)["Volumes"]
     assert list(bases.iterdir()) == []
+
+
+def test_an_engine_gone_at_cleanup_is_named_and_its_containers_stay(engine, bases) -> None:
+    proc = subprocess.Popen(
+        [*RUN, "--", "sh", "-c", "docker run -d --name stays $IMAGE sleep 1000; read x"],
+        env=env_for(bases, engine, IMAGE=engine.image),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cid = proc.stdout.readline().strip()
+    owner = str(owner_of(proc.pid))
+    try:
+        engine.stop()
+        _, err = proc.communicate("\n", timeout=120)
+    finally:
+        engine.start()
+    assert proc.returncode == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("exitwatch run: ")]
+    # One line: the engine, why (the stopped engine took its socket away), what stays.
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"exitwatch run: no Docker engine answers at {engine.host}: ")
+    assert lines[0].endswith(
+        "; the run's containers, networks and volumes there stay, and the agent reaps them by "
+        "their label once it answers again"
+    )
+    # Labelled, it stays for the agent (or `exitwatch reap`) to find.
+    [held] = engine.client.api.containers(all=True, filters={"label": LABEL_OWNER})
+    assert held["Id"] == cid and held["Labels"][LABEL_OWNER] == owner
+    assert list(bases.iterdir()) == []

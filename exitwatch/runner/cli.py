@@ -4,6 +4,7 @@ without root and without an agent."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
@@ -166,6 +167,8 @@ def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
     from exitwatch.runner.supervise import SETUP_FAILED, RunError, Settings
     from exitwatch.runner.supervise import run as supervise
 
+    # What the removal code warns of, the wrapper says itself: once, as a line of its own.
+    logging.getLogger("exitwatch.kinds").setLevel(logging.ERROR)
     try:
         code = supervise(argv, Settings(grace=grace, tmpdir=not no_tmpdir))
     except RunError as err:

@@ -214,6 +214,53 @@ def test_leftover_descendants_get_sigterm_then_sigkill(bases, tmp_path) -> None:
     assert said.read_text() == "termed\n"
 
 
+# Ignores SIGTERM, says when it came (CLOCK_MONOTONIC is the host's, as the test's), and
+# stays; its parent, CMD, exits at once.
+STUBBORN = r"""
+import os, signal, sys, time
+if os.fork():
+    sys.exit(0)
+os.setsid()
+def on(*_):
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{time.monotonic()}\n")
+signal.signal(signal.SIGTERM, on)
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.parametrize("grace", [0.5, 2.0])
+def test_grace_is_the_time_from_sigterm_to_sigkill(bases, tmp_path, grace) -> None:
+    termed = tmp_path / "termed"
+    done = run(
+        ["--grace", str(grace), "--", sys.executable, "-c", STUBBORN, str(termed)], env_for(bases)
+    )
+    ended = time.monotonic()  # the wrapper exits once the SIGKILLed leftover is reaped
+    assert done.returncode == 0, done.stderr
+    waited = ended - float(termed.read_text())
+    # Not before the grace (but for how late the handler may run after the SIGTERM); and
+    # well before 5 s, the default, whatever the grace given.
+    assert grace - 0.25 <= waited < grace + 2.5, waited
+
+
+def test_what_a_run_left_in_place_is_named_on_stderr(bases, tmp_path) -> None:
+    # CMD puts a workdir of another owner, alive (this test), inside its TMPDIR.
+    script = (
+        f'mkdir "$TMPDIR/theirs" && {sys.executable} -m exitwatch mark --pid {os.getpid()} '
+        '"$TMPDIR/theirs" && echo "$TMPDIR"'
+    )
+    done = run(["--", "sh", "-c", script], env_for(bases))
+    assert done.returncode == 0, done.stderr
+    tmpdir = Path(done.stdout.strip())
+    assert done.stderr == (
+        f"exitwatch run: workdir {tmpdir} left in place: left 1 entries: theirs: it is the "
+        f"workdir of another owner, {owner_of()}, who is alive\n"
+    )
+    assert (tmpdir / "theirs" / ".exitwatch-owner").exists()
+    shutil.rmtree(tmpdir)
+
+
 def test_cmd_dies_with_the_wrapper(bases, tmp_path) -> None:
     pidfile = tmp_path / "pid"
     proc = subprocess.Popen(

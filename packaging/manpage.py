@@ -236,16 +236,27 @@ CMD's environment is the caller's, with these changes:
 .TP
 .B DOCKER_HOST
 unix://\fIthe run's socket\fR, in a fresh 0700 directory under XDG_RUNTIME_DIR (when its
-path is short enough for a socket address), or /tmp.
+path is short enough for a socket address, and safe: see below), or /tmp.
 .TP
 .BR EXITWATCH_OWNER ", " EXITWATCH_RUN
 The run's owner: the first for compose files and runners that label, the second marks
 CMD's processes as the run's for the agent.
 .TP
 .B TMPDIR
-A fresh directory marked with the owner, under the caller's TMPDIR or /tmp; left as it is
-with
+A fresh directory marked with the owner, under the caller's TMPDIR (when it is safe: see
+below) or /tmp; left as it is with
 .BR \-\-no\-tmpdir .
+.PP
+A directory named by XDG_RUNTIME_DIR or TMPDIR is used only if no other user can rename or
+replace what the run makes in it: every component of its path, from / down, symlinks
+included, belongs to root or to the caller, and each one that its group or others may write
+to is sticky, as /tmp is. Otherwise the run uses /tmp, checked the same way, and says which
+directory it did not use and why, in one line. Root given a user's directories (after
+.B su
+without
+.BR \- )
+is what this is for: that user could otherwise put a socket of their own in the place of
+the run's.
 .PP
 The wrapper forwards to the engine of the caller's DOCKER_HOST, or /var/run/docker.sock;
 only a unix:// engine can be forwarded to.
@@ -261,7 +272,8 @@ Bad use (no CMD, an unknown option): one line, and nothing is run.
 .TP
 .B 125
 The run cannot be set up: a DOCKER_HOST that is not unix:// (tcp:// or ssh://, whose TLS
-or tunnel the socket would have to speak again), or no room for its directories.
+or tunnel the socket would have to speak again), no room for its directories, or no safe
+directory for them, /tmp included.
 .TP
 .B 126
 CMD cannot be executed.
@@ -271,9 +283,12 @@ CMD cannot be found.
 .SH DIAGNOSTICS
 The wrapper writes only to stderr, one line a message, each starting with
 .RB \(lq "exitwatch run:" \(rq.
-It says why the run cannot start; why CMD cannot run; each container, network, volume or
-directory of the run that it could not remove, and why; and the processes still running
-after SIGKILL, by pid, once 5 s have passed.
+It says which directory named by XDG_RUNTIME_DIR or TMPDIR it did not use, and why; why
+the run cannot start; why CMD cannot run; each container, network, volume or directory of
+the run that it could not remove, and why; an engine that took the run's connections but
+does not answer at the end, whose containers, networks and volumes of the run stay for the
+agent to reap by their label; and the processes still running after SIGKILL, by pid, once
+5 s have passed.
 .SH BUGS
 Files written anywhere but TMPDIR stay (a runner that takes a workdir option can be pointed
 into it). Docker clients that ignore DOCKER_HOST (\-H, \-\-context, a base_url of their own)

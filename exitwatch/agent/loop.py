@@ -376,7 +376,9 @@ class Agent:
         jobs = self._removals.jobs()
         return {
             "owners": len(self.index),
-            "resources": dict(+self.index.counts),
+            # Every kind, held or not: a series that appears only once a kind holds
+            # something reads "no data" on a dashboard or to an alert until then.
+            "resources": dict.fromkeys(self.kinds, 0) | dict(+self.index.counts),
             "pending": len(jobs),
             # Only kinds whose long removal says something hangs (not hooks): that is what
             # this gauge is watched for.

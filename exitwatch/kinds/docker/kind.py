@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 KIND = "container"
 
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
-WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
+# Engine calls of removals at once (Config.engine_concurrency), over every removal job of
+# the process; docs/benchmarks.md has the figures.
+CONCURRENCY = 16
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
@@ -88,14 +90,17 @@ class Containers(ResourceKind):
     kind = KIND
 
     def __init__(
-        self, host: str | None = None, timeout: float = TIMEOUT, workers: int = WORKERS
+        self, host: str | None = None, timeout: float = TIMEOUT, concurrency: int = CONCURRENCY
     ) -> None:
         # Without a host, like the docker CLI: DOCKER_HOST and DOCKER_TLS_* from the environment.
         self._client_args = docker.utils.kwargs_from_env() if host is None else {"base_url": host}
         self.host: str = self._client_args.get("base_url") or DEFAULT_HOST
-        self._timeout, self._workers = timeout, workers
-        # A connection per removal worker, and spare ones for listings.
-        self._engine = Engine(self._client_args, timeout, pool=workers + 2)
+        self._timeout = timeout
+        # One bound on the engine for every removal job at once: a dead owner with 1,000
+        # containers, or 100 dead owners, send `concurrency` requests, not jobs x threads.
+        # A connection per slot, and spare ones for the scans.
+        self._engine = Engine(self._client_args, timeout, concurrency + 2, concurrency)
+        self._removers = ThreadPoolExecutor(concurrency, thread_name_prefix="exitwatch-rm")
         self.connected = False
         self.reconnects = 0
         self.last_error: str | None = None
@@ -259,8 +264,7 @@ class Containers(ResourceKind):
             return Outcome(ok=ok, detail=detail, **_container(cid, name, project))
 
         if doomed:
-            with ThreadPoolExecutor(self._workers, thread_name_prefix="exitwatch-rm") as pool:
-                outcomes += pool.map(one, doomed.items())
+            outcomes += self._removers.map(one, doomed.items())
         for project in whole:
             outcomes += networks.of_project(
                 self._engine, project, compose.started_at(owner), dry_run

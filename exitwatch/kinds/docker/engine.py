@@ -136,10 +136,10 @@ class Engine:
         filters = {"type": "container", "label": LABEL_OWNER, "event": ["create", "destroy"]}
         return self._client().events(since=since, filters=filters, decode=True)
 
-    def created(self, cid: str) -> object:
-        """The container's creation time as the engine gives it (RFC 3339, to the ns)."""
+    def inspect(self, cid: str) -> dict[str, Any]:
+        """What the engine says of one container (`Created`: RFC 3339, to the ns; `State`)."""
         with self._slot():
-            return self._client().inspect_container(cid).get("Created")
+            return self._client().inspect_container(cid)
 
     def remove_container(self, cid: str) -> None:
         with self._slot():

@@ -116,6 +116,7 @@ class Agent:
     exit_filter: bool = True
     hook_dir: str | None = None  # None: a spool of its own, empty
     reconcile_interval: float | None = None
+    engine_concurrency: int | None = None  # None: the default
     lines: list[str] = field(default_factory=list)
     arrived: list[float] = field(default_factory=list)  # monotonic, one per line
     started: float = 0.0
@@ -146,6 +147,11 @@ class Agent:
         argv += ["--status-socket", os.path.join(self._state, "status.sock")]
         argv += ["--audit-log", os.path.join(self._state, "audit.jsonl")]
         argv += ["--hook-dir", self.hook_dir or os.path.join(self._state, "hooks")]
+        if self.engine_concurrency is not None:  # a setting with no option of its own
+            config = os.path.join(self._state, "config.toml")
+            with open(config, "w") as f:
+                f.write(f"engine_concurrency = {self.engine_concurrency}\n")
+            argv += ["--config", config]
         return argv
 
     def start(self) -> Agent:

@@ -233,6 +233,7 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
     if "scale" in s:
         sc = s["scale"]
         rc, b, w = sc["reconcile"], sc["bulk"], sc["workdirs"]
+        bulks = [b, *([sc["bulk_many"]] if "bulk_many" in sc else [])]
         out += [
             (
                 "scale",
@@ -244,10 +245,25 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
                 "agent to ready with nothing to list, s",
                 " ".join(map(str, sc["startup_empty"]["ours_s"])),
             ),
-            (
-                "scale",
-                f"bulk reap {b['containers']}: agent / docker rm -f, containers/s",
-                f"{b['ours_per_s']} / {b['baseline_per_s']} = {b['throughput_ratio']}",
+            *(
+                (
+                    "scale",
+                    f"bulk reap {x['containers']} {_of(x.get('owners', 1))}: "
+                    "agent / docker rm -f, containers/s",
+                    f"{x['ours_per_s']} / {x['baseline_per_s']} = {x['throughput_ratio']}",
+                )
+                for x in bulks
+            ),
+            *(
+                (
+                    "scale",
+                    f"bulk reap {x['containers']} {_of(x['owners'])}: the agent's "
+                    "engine connections at once, peak "
+                    f"(engine_concurrency {x['engine_concurrency']})",
+                    str(x["peak_connections"]),
+                )
+                for x in bulks
+                if "peak_connections" in x
             ),
             (
                 "scale",
@@ -261,6 +277,10 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
             ),
         ]
     return out
+
+
+def _of(owners: int) -> str:
+    return "of one owner" if owners == 1 else f"of {owners} owners dying at once"
 
 
 def table(results: dict) -> str:

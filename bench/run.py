@@ -50,6 +50,10 @@ class Sizes:
     """Labelled containers for the start-up reconcile."""
     bulk_containers: int = 1000
     """Containers of the one owner reaped in bulk (and of the baseline's owner)."""
+    bulk_owners: int = 10
+    """Owners dying at once in the second bulk reap, `bulk_containers` between them."""
+    bulk_concurrency: int = 16
+    """The agent's `engine_concurrency` in the bulk reaps."""
     workdirs: int = 100_000
     """Marked dirs for the workdir reconcile."""
     reconcile_interval: float = 5.0
@@ -70,6 +74,7 @@ SMOKE = Sizes(
     idle_seconds=2.0,
     reconcile_containers=20,
     bulk_containers=10,
+    bulk_owners=2,
     workdirs=200,
     reconcile_interval=1.0,
     wrapper_trials=3,
@@ -210,7 +215,9 @@ def _scale(engine: Engine, owners: list, sizes: Sizes, work: str, empty: str) ->
     out = {"reconcile": scale.reconcile(engine, owners, sizes.reconcile_containers, empty)}
     engine.clean()
     out["startup_empty"] = scale.startup(engine, empty)
-    out["bulk"] = scale.bulk(engine, sizes.bulk_containers, empty)
+    n, concurrency = sizes.bulk_containers, sizes.bulk_concurrency
+    out["bulk"] = scale.bulk(engine, n, empty, concurrency=concurrency)
+    out["bulk_many"] = scale.bulk(engine, n, empty, sizes.bulk_owners, concurrency)
     root = _fresh(os.path.join(work, "workdirs"))
     out["workdirs"] = scale.workdirs(
         engine, owners[0], sizes.workdirs, root, sizes.reconcile_interval

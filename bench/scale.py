@@ -1,12 +1,15 @@
 """4. Scale: the agent's start-up reconcile (time to its "ready:" line) against listing the
 same containers or finding the same markers, and its periodic reconcile of those markers;
-and a bulk reap against `docker rm -f`."""
+and bulk reaps (one owner's containers, and as many between several owners dying at once)
+against `docker rm -f` of as many."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import threading
 import time
 
 from bench import stats
@@ -67,21 +70,27 @@ def startup(engine: Engine, empty_root: str) -> dict:
     return {"ours_s": [round(_ready(engine, [empty_root])[0], 3) for _ in range(RUNS)]}
 
 
-def bulk(engine: Engine, n: int, empty_root: str) -> dict:
-    """RUNS alternated trials: two live owners with `n` containers each; the baseline removes
-    one's with `docker rm -f $(docker ps -aq --filter ...)`, the agent reaps the other's when
-    it dies. Both are timed to the last destroy event; the medians are compared (one trial
-    each was at the mercy of whatever else the host did in those seconds)."""
-    ours, base = [], []
+def bulk(
+    engine: Engine, n: int, empty_root: str, owners: int = 1, concurrency: int | None = 16
+) -> dict:
+    """RUNS alternated trials: one live owner with `n` containers, and `owners` more with
+    `n` between them; the baseline removes the one's with `docker rm -f $(docker ps -aq
+    --filter ...)`, the agent (with `engine_concurrency` = `concurrency`) reaps the others'
+    when they all die at once. Both are timed to the last destroy event; the medians are
+    compared (one trial each was at the mercy of whatever else the host did in those
+    seconds). The agent's connections to the engine at once are sampled meanwhile."""
+    ours, base, peaks = [], [], []
     for _ in range(RUNS):
-        ours_s, base_s = _bulk_once(engine, n, empty_root)
+        ours_s, base_s, peak = _bulk_once(engine, n, empty_root, owners, concurrency)
         ours.append(ours_s)
         base.append(base_s)
+        peaks.append(peak)
     ours_ok = [x for x in ours if x is not None]
     base_ok = [x for x in base if x is not None]
     ours_s = stats.median(ours_ok) if len(ours_ok) == RUNS else None
     base_s = stats.median(base_ok) if len(base_ok) == RUNS else None
-    out: dict = {"containers": n, "ours_s": _r(ours_s), "baseline_s": _r(base_s)}
+    out: dict = {"containers": n, "owners": owners, "engine_concurrency": concurrency}
+    out |= {"ours_s": _r(ours_s), "baseline_s": _r(base_s), "peak_connections": max(peaks)}
     out["ours_runs_s"] = [_r(x) for x in ours]
     out["baseline_runs_s"] = [_r(x) for x in base]
     out["ours_per_s"] = round(n / ours_s, 1) if ours_s else None
@@ -90,17 +99,21 @@ def bulk(engine: Engine, n: int, empty_root: str) -> dict:
     return out
 
 
-def _bulk_once(engine: Engine, n: int, empty_root: str) -> tuple[float | None, float | None]:
-    """One trial: (agent's seconds, baseline's seconds), None for one that missed DEADLINE."""
-    owners = spawn_owners(2)
+def _bulk_once(
+    engine: Engine, n: int, empty_root: str, dying: int, concurrency: int | None
+) -> tuple[float | None, float | None, int]:
+    """One trial: (agent's seconds, baseline's seconds), None for one that missed DEADLINE,
+    and the most connections the agent had open to the engine, beyond those before."""
+    ours, (base_owner,) = spawn_owners(dying), spawn_owners(1)
     try:
-        made = engine.create_for([o.owner for o in owners], n)
-        ours_ids, base_ids = made[owners[0].owner], made[owners[1].owner]
+        made = engine.create_for([o.owner for o in ours], n // dying)
+        ours_ids = [c for ids in made.values() for c in ids]
+        base_ids = engine.create_for([base_owner.owner], n)[base_owner.owner]
         destroyed = Destroyed(engine)
         try:
-            with Agent("auto", engine.host, [empty_root]) as agent:
+            with Agent("auto", engine.host, [empty_root], engine_concurrency=concurrency) as agent:
                 agent.wait_ready(DEADLINE)
-                label = f"label={LABEL_OWNER}={owners[1].owner}"
+                label = f"label={LABEL_OWNER}={base_owner.owner}"
                 at = time.monotonic()
                 subprocess.run(
                     ["bash", "-c", f'docker rm -f $(docker ps -aq --filter "{label}")'],
@@ -110,15 +123,46 @@ def _bulk_once(engine: Engine, n: int, empty_root: str) -> tuple[float | None, f
                 )
                 base_ok = destroyed.wait(base_ids, DEADLINE)
                 base_s = max(destroyed.seen[c] for c in base_ids) - at if base_ok else None
-                at = owners[0].kill()
+                peak = _Peak(agent.pid)
+                at = min(o.kill() for o in ours)
                 ours_ok = destroyed.wait(ours_ids, DEADLINE)
                 ours_s = max(destroyed.seen[c] for c in ours_ids) - at if ours_ok else None
+                most = peak.end()
         finally:
             destroyed.close()
     finally:
-        end_owners(owners)
+        end_owners([*ours, base_owner])
         engine.clean()
-    return ours_s, base_s
+    return ours_s, base_s, most
+
+
+def _sockets(pid: int) -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed since the listing
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return n
+
+
+class _Peak:
+    """The most sockets `pid` holds beyond those it held when this began, every 5 ms: its
+    connections to the engine during a reap (a DELETE's is closed when it is answered; the
+    few keep-alive ones of the listings stay open)."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid, self._base, self._most = pid, _sockets(pid), 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self._most = max(self._most, _sockets(self._pid) - self._base)
+
+    def end(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self._most
 
 
 def _r(x: float | None) -> float | None:

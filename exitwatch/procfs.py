@@ -32,6 +32,17 @@ def boot_id(proc: str = PROC) -> str:
         return f.read().strip()
 
 
+def btime(proc: str = PROC) -> int:
+    """The unix time the host booted, in whole seconds, by the kernel's own clock now (the
+    `btime` line of /proc/stat): it moves when the clock is stepped, but not with a clock
+    shifted for one process alone."""
+    with open(f"{proc}/stat", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return int(line.split()[1])
+    raise ValueError(f"{proc}/stat has no btime line")
+
+
 def parse_stat(data: str) -> Stat:
     """Parse the text of /proc/PID/stat.
 

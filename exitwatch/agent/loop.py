@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from exitwatch import shutdown
 from exitwatch.agent.index import Index
+from exitwatch.agent.rechecks import Rechecks
 from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.agent.record import Recorder
 from exitwatch.agent.removals import Done, Pending, Removals
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
 RESYNC_DELAY = 0.1  # the longest a lost exit waits for its re-check while hints pour in
-RECHECK_DELAY = 1.0  # an owner whose liveness could not be read is judged again after this
 # Counted from start, so that every one is shown (and exported) from the first scrape.
 COUNTERS = (
     *("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"),
@@ -72,11 +72,7 @@ class Agent:
         self._lost_logged = float("-inf")
         self._lost_unlogged = 0
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
-        # Owners whose liveness could not be read (say, the fd table was full), with the
-        # hint's time and wait status, judged again at _recheck_at.
-        self._rechecks: dict[Owner, tuple[float, int | None]] = {}
-        self._recheck_tries: dict[Owner, int] = {}  # bounds `exitwatch reap`'s wait
-        self._recheck_at: float | None = None
+        self._rechecks = Rechecks()
         self._periodic = Periodic(settings.reconcile_interval, kinds)
         self._stopped = False
 
@@ -159,31 +155,18 @@ class Agent:
         # An owner whose liveness could not be read is judged again, up to reap_attempts
         # times: a one-shot reap must neither skip it silently nor wait for ever.
         while self._removals.busy() or self._rechecks:
-            if not self._removals.busy() and all(
-                self._recheck_tries.get(o, 0) >= self.settings.reap_attempts for o in self._rechecks
-            ):
+            if not self._removals.busy() and self._rechecks.exhausted(self.settings.reap_attempts):
                 break
             self._step()
         self._removals.shutdown(wait=True)
-        if self._rechecks:
-            problems.append(
-                f"could not tell whether {len(self._rechecks)} owners live, "
-                f"{min(self._rechecks)} the first"
-            )
-        return problems
+        problem = self._rechecks.problem()
+        return problems + ([problem] if problem else [])
 
     def _step(self) -> bool:
         now = time.monotonic()
-        timeout = self._watchdog_interval
-        retry = self._removals.next_due()
-        dues = [retry - now] if retry is not None else []
-        dues += [d for d in (self._periodic.timeout(now),) if d is not None]
-        if dues:
-            due = max(0.0, min(dues))
-            timeout = due if timeout is None else min(timeout, due)
-        if self._recheck_at is not None:
-            due = max(0.0, self._recheck_at - now)
-            timeout = due if timeout is None else min(timeout, due)
+        dues = [d - now for d in (self._removals.next_due(), self._rechecks.due) if d is not None]
+        dues += [d for d in (self._periodic.timeout(now), self._watchdog_interval) if d is not None]
+        timeout = max(0.0, min(dues)) if dues else None
         if self._resync_since is not None:
             timeout = 0
         try:
@@ -219,13 +202,17 @@ class Agent:
             self.recorder.count("resyncs")
             for owner in self.index.owners():
                 self._confirm(owner, now)
-        if self._recheck_at is not None and self._recheck_at <= now:
-            rechecks, self._rechecks, self._recheck_at = self._rechecks, {}, None
-            for owner, (at, status) in rechecks.items():
+        if self._rechecks.due is not None and self._rechecks.due <= now:
+            rewatch, judge = self._rechecks.take()
+            for owner in rewatch:
+                # Watched at last, it is judged again: it may have died while unwatched.
+                if self.index.resources(owner) and self._watch(owner):
+                    judge.setdefault(owner, (now, None))
+            for owner, (at, status) in judge.items():
                 if self.index.resources(owner):  # not reaped or forgotten meanwhile
                     self._confirm(owner, at, status)
                 else:
-                    self._recheck_tries.pop(owner, None)
+                    self._rechecks.forget(owner)
 
     def _handle(self, item: object) -> None:
         match item:
@@ -299,6 +286,13 @@ class Agent:
                 self._handle(Gone(snap.kind, key))
             # What was given up and is gone now left the index, so no Gone comes for it.
             self._removals.forget_missing(snap.kind, listing)
+        # Every owner is judged again, not only those the listings brought: one whose
+        # judgement was lost on any path would otherwise be held for good. One /proc read
+        # each.
+        now = time.monotonic()
+        for owner in self.index.owners():
+            if not self._rechecks.waiting(owner):
+                self._confirm(owner, now)
         orphaned = sum(1 for k in fresh if self._removals.under_way(k))  # their removal began
         self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
 
@@ -323,41 +317,52 @@ class Agent:
             self._confirm(owner, hint.at or time.monotonic(), hint.status)
 
     def _admit(self, owner: Owner) -> None:
-        """A new owner: watch it first, then confirm, so a death in between is not missed."""
-        if self.source is not None:
-            self.source.watch(owner)
+        """A new owner: watch it first, then confirm, so a death in between is not missed.
+        It is confirmed even when the watch failed: one dead already goes at once."""
+        self._watch(owner)
         self._confirm(owner, time.monotonic())
 
+    def _watch(self, owner: Owner) -> bool:
+        """Whether the source watches `owner` now; if it failed to, the watch is tried
+        again, and the owner judged again once it is watched."""
+        if self.source is None:
+            return True
+        try:
+            self.source.watch(owner)
+        except Exception as err:  # SourceError, OSError (a full fd table), a bug
+            self._rechecks.unwatched(owner, self.source.name, err)
+            return False
+        self._rechecks.watched(owner)
+        return True
+
     def _unwatch(self, owner: Owner) -> None:
-        if self.source is not None:
+        self._rechecks.watched(owner)
+        if self.source is None:
+            return
+        try:
             self.source.unwatch(owner)
+        except Exception as err:
+            # A watch left behind costs a hint about nobody; it must not keep what comes
+            # next (a new owner's admission, the rest of a listing) from happening.
+            log.warning("%s cannot unwatch owner %s: %s", self.source.name, owner, err)
 
     def _confirm(self, owner: Owner, at: float, status: int | None = None) -> None:
         try:
             reason = death(owner)
-        except OSError as err:
+        except Exception as err:
             # Not "gone" (that reads as dead): /proc could not be read now, say with the fd
             # table full. The hint is kept, and the owner judged again soon.
-            if self._recheck_at is None:
-                self._recheck_at = time.monotonic() + RECHECK_DELAY
-                log.warning(
-                    "cannot tell whether owner %s lives (%s); checking again in %g s",
-                    owner,
-                    err.strerror or err,
-                    RECHECK_DELAY,
-                )
-            self._rechecks.setdefault(owner, (at, status))
-            self._recheck_tries[owner] = self._recheck_tries.get(owner, 0) + 1
+            self._rechecks.unreadable(owner, at, status, err)
             return
-        self._recheck_tries.pop(owner, None)
+        self._rechecks.judged(owner)
         if reason is None:
             return
         # A zombie's reason already tells its wait status, read from /proc.
         zombie = reason.startswith("zombie")
         how = reason if status is None or zombie else f"{describe_status(status)} ({reason})"
         resources = self.index.pop_owner(owner)
-        self._unwatch(owner)
         self._removals.start(owner, self.kinds, resources, how, at)
+        self._unwatch(owner)
 
     # -- what status and metrics see (call through ask()) ---------------------------------
 
@@ -376,7 +381,9 @@ class Agent:
         jobs = self._removals.jobs()
         return {
             "owners": len(self.index),
-            "resources": dict(+self.index.counts),
+            # Every kind, held or not: a series that appears only once a kind holds
+            # something reads "no data" on a dashboard or to an alert until then.
+            "resources": dict.fromkeys(self.kinds, 0) | dict(+self.index.counts),
             "pending": len(jobs),
             # Only kinds whose long removal says something hangs (not hooks): that is what
             # this gauge is watched for.

@@ -41,6 +41,11 @@ class Config:
     """Docker engine URL; unset: DOCKER_HOST, or the default socket."""
     reap_workers: int = 16
     """Removals run in parallel on this many threads."""
+    engine_concurrency: int = 16
+    """At most this many requests to the Docker engine are under way at once for removals
+    (of containers, their networks and volumes, and the listings they need), over every
+    removal of the process: a dead owner with 1,000 containers, or many dead owners at
+    once, wait their turn rather than flood the engine."""
     reap_attempts: int = 3
     """A removal that fails is tried this many times in all, with growing delays."""
     hook_dir: str = HOOK_DIR
@@ -78,6 +83,10 @@ class Config:
                 "a number in 0.1..3600",
             ),
             "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
+            "engine_concurrency": (
+                1 <= self.engine_concurrency <= 256,
+                "an integer in 1..256",
+            ),
             "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
             "reconcile_interval": (
                 self.reconcile_interval == 0 or 1 <= self.reconcile_interval <= 86400,

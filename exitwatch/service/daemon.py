@@ -34,7 +34,7 @@ def make_kinds(config: Config) -> dict[str, ResourceKind]:
     Raises ConfigError for an engine that is not a local socket (DOCKER_HOST may name
     one): owners of another host carry another boot id, which reads as "rebooted".
     """
-    containers = Containers(config.docker_host)
+    containers = Containers(config.docker_host, concurrency=config.engine_concurrency)
     if not containers.host.startswith("unix://"):
         raise ConfigError(
             "docker_host: expected a local engine's unix:// socket (owners are processes of "

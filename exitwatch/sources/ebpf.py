@@ -80,7 +80,8 @@ class EbpfSource(Source):
         # thunk along with the last Python reference.
         self._on_sample = SampleFn(self._sample)
         self._samples: list[tuple[Owner, Exit]] = []  # filled by _sample, in the thread
-        self._inbox: collections.deque[tuple[Owner, Exit]] = collections.deque()
+        # From watch(): (owner, hint, whether it is surely dying) for the thread to re-check.
+        self._inbox: collections.deque[tuple[Owner, Exit, bool]] = collections.deque()
         self._owners: dict[int, set[Owner]] = {}  # tgid -> owners watched in the map
         self._overflow: set[Owner] = set()  # owners watched by the fallback
         self._fallback_started = False
@@ -167,12 +168,16 @@ class EbpfSource(Source):
             self._arm(owner)
         # Armed first, then checked: a death before the arming shows in /proc, a death
         # after it reaches the program. Only a group already inside do_exit() can slip
-        # between the two, so it is re-checked until /proc agrees.
-        if death(owner) is None and not _group_exiting(owner.pid):
+        # between the two, so it is re-checked until /proc agrees. The owner is watched
+        # either way: a /proc that cannot be read now (a full fd table) leaves the check
+        # to the thread, which makes it once /proc can be read.
+        verdict = _verdict(owner, sure=False)
+        if verdict == "alive":
             return
         with self._lock:
             if self._emit is not None:  # not stopped meanwhile: the pipe is still open
-                self._inbox.append((owner, Exit(owner.pid, at=time.monotonic())))
+                hint = Exit(owner.pid, at=time.monotonic())
+                self._inbox.append((owner, hint, verdict is not None))
                 self._wake()
 
     def _arm(self, owner: Owner) -> None:
@@ -280,8 +285,9 @@ class EbpfSource(Source):
         assert self._lib is not None
         lib = self._lib
         poller = select.epoll()
-        # (due, tiebreak, next delay, owner, hint): hints held until /proc shows the death.
-        held: list[tuple[float, int, float, Owner, Exit]] = []
+        # (due, tiebreak, next delay, owner, hint, surely dying): hints held until /proc
+        # shows the death; one not surely dying is dropped once /proc shows it alive.
+        held: list[tuple[float, int, float, Owner, Exit, bool]] = []
         tiebreak = itertools.count()
         lost_seen = 0
         try:
@@ -295,25 +301,26 @@ class EbpfSource(Source):
                 _drain(self._wake_r)
                 lib.ring_buffer_consume(self._rb)
                 now = time.monotonic()
-                fresh, self._samples = self._samples, []
+                fresh = [(owner, hint, True) for owner, hint in self._samples]
+                self._samples = []
                 while self._inbox:
                     fresh.append(self._inbox.popleft())
-                for owner, hint in fresh:
-                    heapq.heappush(held, (now, next(tiebreak), _FIRST_RECHECK, owner, hint))
+                for owner, hint, sure in fresh:
+                    heapq.heappush(held, (now, next(tiebreak), _FIRST_RECHECK, owner, hint, sure))
                 lost = lib.lookup_u32_u64(self._lost_fd, 0)
                 if lost != lost_seen:
                     emit(Lost(f"ebpf ring buffer full, {lost - lost_seen} exits unreported"))
                     self.lost += 1
                     lost_seen = lost
                 while held and held[0][0] <= now:
-                    _, _, delay, owner, hint = heapq.heappop(held)
-                    if death(owner) is not None:
+                    _, _, delay, owner, hint, sure = heapq.heappop(held)
+                    verdict = _verdict(owner, sure)
+                    if verdict == "dead":
                         emit(hint)
-                    else:
-                        due = now + delay
-                        heapq.heappush(
-                            held, (due, next(tiebreak), min(delay * 2, _MAX_RECHECK), owner, hint)
-                        )
+                    elif verdict != "alive":  # alive and watched: the program reports it
+                        # Still exiting, or /proc cannot be read now: looked at again.
+                        again = (now + delay, next(tiebreak), min(delay * 2, _MAX_RECHECK))
+                        heapq.heappush(held, (*again, owner, hint, sure or verdict is not None))
         finally:
             poller.close()
 
@@ -324,6 +331,18 @@ def _drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _verdict(owner: Owner, sure: bool) -> str | None:
+    """The owner as /proc shows it: "dead"; "exiting" while it is on its way (always when
+    `sure`: the program saw it exit); "alive"; or None while /proc cannot be read (a full
+    fd table), which proves nothing."""
+    try:
+        if death(owner) is not None:
+            return "dead"
+        return "exiting" if sure or _group_exiting(owner.pid) else "alive"
+    except OSError:
+        return None
 
 
 def _exiting(pid: int, tid: int | None = None) -> bool:

@@ -38,6 +38,7 @@ class PollSource(Source):
     def __init__(self, interval: float = DEFAULT_INTERVAL) -> None:
         self.interval = interval
         self._owners: set[Owner] = set()
+        self._unreadable: set[Owner] = set()  # said once each, until it can be read again
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -55,6 +56,7 @@ class PollSource(Source):
     def unwatch(self, owner: Owner) -> None:
         with self._lock:
             self._owners.discard(owner)
+            self._unreadable.discard(owner)
 
     def stop(self) -> None:
         self._stop.set()
@@ -77,8 +79,12 @@ class PollSource(Source):
             try:
                 reason = death(owner)
             except OSError as err:
-                log.warning("poll: cannot check owner %s: %s", owner, err)
+                # Checked again next time; said once, not at every interval.
+                if owner not in self._unreadable:
+                    self._unreadable.add(owner)
+                    log.warning("poll: cannot check owner %s: %s", owner, err)
                 continue
+            self._unreadable.discard(owner)
             if reason is None:
                 continue
             with self._lock:

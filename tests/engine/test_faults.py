@@ -5,6 +5,7 @@ mid-read are in unit/test_procfs_vanishing.py and system/test_procfs_races.py.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from exitwatch import mark_workdir
+from exitwatch.contract import LABEL_OWNER
+from exitwatch.sources import ebpf
 from exitwatch.sources.netlink import RCVBUF_ENV
 
 from support.agentproc import Agent, agent_argv, container, exists, wait_gone
@@ -47,6 +50,17 @@ def workdir(root: Path, pid: int, name: str) -> Path:
     (path / "sub" / "data").write_bytes(b"x" * 1000)
     mark_workdir(path, pid)
     return path
+
+
+EBPF_PROBLEM = ebpf.probe() if os.path.exists(ebpf.OBJ_PATH) else None
+SOURCES = [
+    pytest.param(
+        "ebpf",
+        marks=pytest.mark.skipif(EBPF_PROBLEM is not None, reason=f"no eBPF: {EBPF_PROBLEM}"),
+    ),
+    "netlink",
+    "poll",
+]
 
 
 def dockerd_pid(engine) -> int:
@@ -204,33 +218,41 @@ def _lowest_free_fd(pid: int) -> int:
     return next(n for n in range(len(used) + 1) if n not in used)
 
 
-def test_a_full_fd_table_delays_reaping_but_loses_nothing(engine, agents, workroot, tmp_path):
-    agent = start(agents, engine, workroot, tmp_path)
+def _nofile(pid: int) -> tuple[int, int]:
+    """The soft and hard RLIMIT_NOFILE of process `pid`."""
+    done = subprocess.run(
+        ["prlimit", "--pid", str(pid), "--nofile", "--raw", "--noheadings", "--output=SOFT,HARD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    soft, hard = (int(v) for v in done.stdout.split())
+    return soft, hard
+
+
+@contextlib.contextmanager
+def full_fd_table(pid: int) -> Iterator[None]:
+    """Every fd of `pid` below its soft limit is in use: its next open() of any kind fails
+    with EMFILE. The limit is restored on leaving."""
+    soft, hard = _nofile(pid)
+    full = _lowest_free_fd(pid)
+    subprocess.run(["prlimit", "--pid", str(pid), f"--nofile={full}:{hard}"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["prlimit", "--pid", str(pid), f"--nofile={soft}:{hard}"], check=True)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_full_fd_table_delays_reaping_but_loses_nothing(
+    engine, agents, workroot, tmp_path, source
+):
+    agent = start(agents, engine, workroot, tmp_path, source=source)
     doomed, late = spawn_owner(), spawn_owner()
     cid = container(engine, doomed.pid)
     doomed_dir = workdir(workroot, doomed.pid, "doomed")
     agent.wait_holding(doomed.pid, containers=1, workdirs=1)
-    soft, hard = (
-        int(v)
-        for v in subprocess.run(
-            [
-                "prlimit",
-                "--pid",
-                str(agent.pid),
-                "--nofile",
-                "--raw",
-                "--noheadings",
-                "--output=SOFT,HARD",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-    )
-    # Every fd below the limit is in use: the next open() of any kind fails with EMFILE.
-    full = _lowest_free_fd(agent.pid)
-    subprocess.run(["prlimit", "--pid", str(agent.pid), f"--nofile={full}:{hard}"], check=True)
-    try:
+    with full_fd_table(agent.pid):
         kill(doomed)
         agent.wait_log("Too many open files", "the agent to fail to read /proc")
         late_dir = workdir(workroot, late.pid, "late")  # marked while nothing can be opened
@@ -245,13 +267,50 @@ def test_a_full_fd_table_delays_reaping_but_loses_nothing(engine, agents, workro
             wait_for(lambda: time.monotonic() - begun >= 1.0, 2.0, "a second to pass")
             busy = _cpu_seconds(agent.pid) - busy
         assert busy < 0.5, f"the agent used {busy:.2f} s of CPU in 1 s, queued client pending"
-    finally:
-        subprocess.run(["prlimit", "--pid", str(agent.pid), f"--nofile={soft}:{hard}"], check=True)
     # Neither the hint nor the new workdir was dropped: both are looked at again.
     wait_gone(engine, [cid], [doomed_dir])
     agent.wait_holding(late.pid, workdirs=1)
     kill(late)
     wait_gone(engine, paths=[late_dir])
+    assert agent.alive()
+
+
+# A short bound, far below a periodic reconcile's interval (600 s): the re-check a second
+# later must find them, not the safety net.
+RECHECK_BOUND = 10.0
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_an_owner_first_seen_while_the_fd_table_is_full_is_judged_again(
+    engine, agents, workroot, tmp_path, source
+):
+    """Its container arrives on the events stream already open, while /proc cannot be
+    read: neither the watch nor the confirmation may drop it."""
+    agent = start(agents, engine, workroot, tmp_path, source=source)
+
+    def arrived(owner) -> None:
+        """Wait until the loop has tried to judge `owner` (and failed: EMFILE)."""
+        needles = (f"owner {owner.owner} lives", "handling Found failed")
+        wait_for(lambda: any(n in agent.text() for n in needles), what=f"{owner.pid} judged")
+
+    dead, alive = spawn_owner(), spawn_owner()
+    kill(dead)
+    with full_fd_table(agent.pid):
+        dead_cid = container(engine, labels={LABEL_OWNER: str(dead.owner)})
+        arrived(dead)
+        assert exists(engine, dead_cid)
+    restored = time.monotonic()
+    wait_for(lambda: not exists(engine, dead_cid), RECHECK_BOUND, "the dead owner's container")
+    assert time.monotonic() - restored < RECHECK_BOUND
+    # One judged alive once /proc can be read must be watched too: its exit is a hint.
+    with full_fd_table(agent.pid):
+        alive_cid = container(engine, alive.pid)
+        arrived(alive)
+    agent.wait_holding(alive.pid, containers=1)
+    kill(alive)
+    wait_for(lambda: not exists(engine, alive_cid), RECHECK_BOUND, "the later death's container")
+    # EMFILE is a condition, not a bug: one line each, and no traceback anywhere.
+    assert "Traceback" not in agent.text()
     assert agent.alive()
 
 

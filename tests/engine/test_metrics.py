@@ -10,12 +10,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from exitwatch import mark_workdir
 from exitwatch.service.metrics import MAX_CONNECTIONS
 
 from support.agentproc import Agent, agent_argv, container, free_port, scrape, wait_gone
-from support.procs import kill, spawn_owner
+from support.procs import kill, spawn_owner, wait_for
 from support.users import SYSTEM_PYTHON, as_user
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +124,33 @@ def test_slow_clients_of_the_metrics_port_neither_exhaust_fds_nor_stop_reaping(
     assert 'exitwatch_reaped_total{kind="workdir"} 1.0' in scrape(port, timeout=10)
     assert "Traceback" not in agent.text()
     assert agent.alive()
+
+
+def test_every_kind_has_a_resources_watched_sample_while_it_holds_nothing(
+    engine, workroot, tmp_path, agents
+):
+    port = free_port()
+    argv = agent_argv(
+        "netlink", engine.host, workroot, extra=("--metrics-addr", f"127.0.0.1:{port}")
+    )
+    agent = Agent(argv, tmp_path / "agent.log")
+    agents.append(agent)
+    agent.wait_log("ready:")
+
+    def watched() -> dict[str, float]:
+        families = text_string_to_metric_families(scrape(port, timeout=10))
+        [family] = [f for f in families if f.name == "exitwatch_resources_watched"]
+        return {s.labels["kind"]: s.value for s in family.samples}
+
+    # Nothing is held yet: a panel or an alert on any kind reads 0, not "no data".
+    assert watched() == dict.fromkeys(("container", "hook", "process", "workdir"), 0.0)
+    owner = spawn_owner()
+    cid = container(engine, owner.pid)
+    agent.wait_holding(owner.pid, containers=1)
+    assert watched() == {"container": 1.0, "hook": 0.0, "process": 0.0, "workdir": 0.0}
+    kill(owner)
+    wait_gone(engine, [cid])
+    wait_for(lambda: watched()["container"] == 0.0, what="the container to leave the gauge")
 
 
 _WITHOUT_PROMETHEUS = (

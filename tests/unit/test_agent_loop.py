@@ -12,8 +12,9 @@ import pytest
 from exitwatch.agent.loop import Agent
 from exitwatch.kinds.base import Found, Gone, Outcome, Snapshot
 from exitwatch.kinds.base import Resource as Res
+from exitwatch.owner import Owner
 from exitwatch.service.config import Config
-from exitwatch.sources.base import Lost
+from exitwatch.sources.base import Lost, Source
 
 from support.procs import wait_for
 from support.things import DEAD, Things, thing
@@ -132,6 +133,7 @@ class Listing(Things):
 def test_a_one_shot_reap_judges_again_an_owner_it_could_not_read(monkeypatch, failures):
     """Not skipped silently: judged again, and named if it still cannot be read."""
     from exitwatch.agent import loop as agent_module
+    from exitwatch.agent import rechecks
 
     real, calls = agent_module.death, []
 
@@ -142,7 +144,7 @@ def test_a_one_shot_reap_judges_again_an_owner_it_could_not_read(monkeypatch, fa
         return real(owner)
 
     monkeypatch.setattr(agent_module, "death", unreadable)
-    monkeypatch.setattr(agent_module, "RECHECK_DELAY", 0.05)
+    monkeypatch.setattr(rechecks, "DELAY", 0.05)
     kind = Listing()
     problems = Agent(Config(reap_attempts=3), [kind]).reconcile()
     if failures == 1:
@@ -150,3 +152,100 @@ def test_a_one_shot_reap_judges_again_an_owner_it_could_not_read(monkeypatch, fa
     else:
         assert len(calls) == 3 and kind.calls == []
         assert problems == [f"could not tell whether 1 owners live, {DEAD} the first"]
+
+
+class Flaky(Source):
+    """An exit source whose first `failures` watches raise EMFILE; it says whom it watches.
+    It reports no exits: only the loop's own checks can find a death."""
+
+    name = "flaky"
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.tried: list[Owner] = []
+        self.watched: set[Owner] = set()
+
+    def start(self, emit) -> None:
+        pass
+
+    def watch(self, owner: Owner) -> None:
+        self.tried.append(owner)
+        if len(self.tried) <= self.failures:
+            raise OSError(errno.EMFILE, "Too many open files")
+        self.watched.add(owner)
+
+    def unwatch(self, owner: Owner) -> None:
+        self.watched.discard(owner)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_failed_watch_is_tried_again_and_the_owner_judged_after_it(monkeypatch):
+    """Judged alive but unwatched, an owner's exit would bring no hint: the watch is tried
+    again, and the owner judged again once it is in place (it may have died meanwhile)."""
+    from exitwatch.agent import loop as agent_module
+    from exitwatch.agent import rechecks
+
+    monkeypatch.setattr(rechecks, "DELAY", 0.05)
+    real, judged = agent_module.death, []
+
+    def alive_until_watched(owner):
+        judged.append(owner)
+        return None if len(judged) == 1 else real(owner)  # dies while it is unwatched
+
+    monkeypatch.setattr(agent_module, "death", alive_until_watched)
+    source, kind = Flaky(failures=2), Things()
+    agent = Agent(Config(), [kind], source)
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        agent.submit(Found(thing("held")))
+        wait_for(lambda: kind.calls == [["held"]], what="the removal after the third watch")
+        assert source.tried == [DEAD] * 3 and len(judged) == 2
+    finally:
+        agent.stop()
+        thread.join(10)
+
+
+def test_a_dead_owner_whose_watch_fails_is_reaped_at_once():
+    source, kind = Flaky(failures=100), Things()
+    agent = Agent(Config(), [kind], source)
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        agent.submit(Found(thing("held")))
+        wait_for(lambda: kind.calls == [["held"]], what="the removal")
+        assert source.watched == set()
+        # Reaped, it is not watched again.
+        tries = len(source.tried)
+        wait_for(lambda: agent.ask(lambda: agent._rechecks.due) is None, what="no re-check due")
+        assert len(source.tried) == tries
+    finally:
+        agent.stop()
+        thread.join(10)
+
+
+def test_a_periodic_reconcile_judges_every_owner_again(monkeypatch):
+    """Not only what its listing brings: an owner wrongly judged alive once (a judgement
+    lost on some path) is found dead by the next reconcile, its listing unchanged."""
+    from exitwatch.agent import loop as agent_module
+
+    real, calls = agent_module.death, []
+
+    def wrong_once(owner):
+        calls.append(owner)
+        return None if len(calls) == 1 else real(owner)
+
+    monkeypatch.setattr(agent_module, "death", wrong_once)
+    kind = Listing()
+    kind.listing = (thing("held"),)
+    agent = Agent(Config(reconcile_interval=1), [kind])
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        wait_for(lambda: kind.calls == [["held"]], timeout=10, what="the reconcile's removal")
+        assert agent.counters()["reconcile_missed"] == 0
+    finally:
+        agent.stop()
+        thread.join(10)

@@ -10,14 +10,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from exitwatch.kinds.docker import compose
 from exitwatch.kinds.docker.compose import (
     LABEL_CONFIG_FILES,
     LABEL_WORKING_DIR,
+    boot_time,
     instance,
     started_at,
     unix_time,
     why_not_ours,
     why_older,
+    why_started_before,
 )
 from exitwatch.owner import Owner, owner_of
 
@@ -145,16 +148,62 @@ def test_an_unreadable_creation_time_is_not_proof_of_youth():
     assert why_older(None, since) == "its creation time None cannot be read"
 
 
-def test_an_owner_of_an_earlier_boot_proves_nothing_younger():
-    assert why_older(engine_time(time.time()), None) == (
+def test_no_start_time_proves_nothing_younger_and_says_why():
+    why = "its owner ran in an earlier boot, so which started first is unknown"
+    assert why_older(engine_time(time.time()), why) == why
+
+
+def test_started_at_says_why_not_for_an_owner_of_another_boot():
+    me = owner_of()
+    other_boot = Owner("00000000-0000-0000-0000-000000000000", me.pid, me.starttime)
+    assert started_at(other_boot) == (
         "its owner ran in an earlier boot, so which started first is unknown"
     )
 
 
-def test_started_at_is_none_for_an_owner_of_another_boot():
+def test_a_wall_clock_stepped_since_the_owner_was_first_seen_proves_no_order(monkeypatch):
+    """A real step moves /proc/stat's btime with it: only the boot time read when the owner
+    was first seen tells it, either way. Within a second, the later reading is taken."""
+    now = boot_time()
     me = owner_of()
-    other_boot = Owner("00000000-0000-0000-0000-000000000000", me.pid, me.starttime)
-    assert started_at(other_boot) is None
+    for step in (-3600.0, -1.5, 1.5, 3600.0):
+        monkeypatch.setattr(compose, "boot_time", lambda step=step: now + step)
+        monkeypatch.setattr(compose.procfs, "btime", lambda step=step: int(now + step))
+        why = started_at(me, seen=now)
+        assert isinstance(why, str) and f"stepped by {step:+.0f} s since its owner" in why, why
+    monkeypatch.setattr(compose, "boot_time", lambda: now - 0.5)
+    monkeypatch.setattr(compose.procfs, "btime", lambda: int(now - 0.5))
+    assert started_at(me, seen=now) == pytest.approx(now + me.starttime * TICK)
+
+
+def test_a_wall_clock_shifted_for_this_process_alone_proves_no_order(monkeypatch):
+    """The kernel's btime is not shifted with it (tests/engine/test_clock_steps.py shifts
+    a real process's clock)."""
+    now = boot_time()
+    for shift in (-3600.0, -2.5, 2.5, 3600.0):
+        monkeypatch.setattr(compose, "boot_time", lambda shift=shift: now + shift)
+        why = started_at(owner_of())
+        assert isinstance(why, str) and "off the kernel's boot time" in why, why
+    monkeypatch.setattr(compose, "boot_time", lambda: now + 0.9)
+    assert isinstance(started_at(owner_of()), float)
+
+
+def test_a_container_whose_process_started_before_its_owner_is_older_whatever_the_clock():
+    child = spawn_owner()
+    try:
+        mine = {"Running": True, "Pid": os.getpid()}  # this process began before the child
+        assert why_started_before(mine, child.owner) == (
+            "its main process started before its owner did"
+        )
+        theirs = {"Running": True, "Pid": child.pid}
+        assert why_started_before(theirs, owner_of()) is None
+        # Not running, or no such process: no proof either way.
+        assert why_started_before({"Running": False, "Pid": 0}, child.owner) is None
+        assert why_started_before({"Running": True, "Pid": 0}, child.owner) is None
+        assert why_started_before(None, child.owner) is None
+    finally:
+        kill(child)
+    assert why_started_before({"Running": True, "Pid": child.pid}, owner_of()) is None
 
 
 def test_started_at_is_at_most_a_tick_before_the_real_start():
@@ -165,7 +214,7 @@ def test_started_at_is_at_most_a_tick_before_the_real_start():
     try:
         after = time.time()
         at = started_at(child.owner)
-        assert at is not None
+        assert isinstance(at, float)
         assert before - TICK - 0.005 <= at <= after
         created = engine_time(after, int((after % 1) * 1e9))
         assert why_older(created, at) is None

@@ -12,22 +12,52 @@ import re
 import time
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
+from exitwatch import procfs
 from exitwatch.owner import Owner, current_boot_id
 
 LABEL_WORKING_DIR = "com.docker.compose.project.working_dir"
 LABEL_CONFIG_FILES = "com.docker.compose.project.config_files"
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+# The most two readings of the boot time may differ before the wall clock counts as stepped
+# (or shifted): btime is rounded down to the second, and a leap second is one.
+STEP = 1.0
 
 
-def started_at(owner: Owner) -> float | None:
-    """The unix time the owner started, or None when it ran in an earlier boot (whose boot
-    time is gone). The start time counts whole clock ticks since boot (CLOCK_BOOTTIME), so
-    this is at most a tick early: a container the owner created is never judged older.
-    (/proc/stat's btime would do, but it is rounded down to the second.)"""
+def boot_time() -> float:
+    """The unix time the host booted, by this process's wall clock now (to the ns)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def started_at(owner: Owner, seen: float | None = None) -> float | str:
+    """The unix time the owner started, to compare with the engine's creation times; or
+    why that comparison would prove nothing. `seen` is boot_time() as it was when the
+    owner was first seen (None: now).
+
+    The start time counts whole clock ticks since boot, so this is at most a tick early: a
+    container the owner created is never judged older. It is turned into wall time with
+    the boot time, which is only as good as the wall clock: the engine stamped `Created`
+    with the clock of then, and a clock stepped back since would make an older sibling
+    look younger. So the boot time must read the same now, when the owner was first seen,
+    and by the kernel's own clock (btime: a clock shifted for this process alone), within
+    STEP; the later reading is taken, which errs towards the owner having started later.
+    docs/contract.md ("Compose projects") says what this costs."""
     if owner.boot_id != current_boot_id():
-        return None
-    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+        return "its owner ran in an earlier boot, so which started first is unknown"
+    now = boot_time()
+    try:
+        kernel = procfs.btime()
+    except (OSError, ValueError) as err:
+        return f"the kernel's boot time cannot be read ({err}), so no clock can be trusted"
+    cannot = "so creation times prove no order"
+    if not kernel - STEP <= now < kernel + 1 + STEP:
+        off = f"{now - kernel:+.0f} s"
+        return f"this process's wall clock is {off} off the kernel's boot time, {cannot}"
+    if seen is not None and abs(now - seen) > STEP:
+        step = f"{now - seen:+.0f} s"
+        return f"the wall clock was stepped by {step} since its owner was first seen, {cannot}"
+    booted = now if seen is None else max(now, seen)
     return booted + owner.starttime / os.sysconf("SC_CLK_TCK")
 
 
@@ -58,11 +88,28 @@ def why_not_ours(labels: dict[str, str], owned: Iterable[tuple[str, str] | None]
     return None
 
 
-def why_older(created: object, since: float | None) -> str | None:
+def why_started_before(state: Any, owner: Owner) -> str | None:
+    """Why a container whose engine state is `state` provably predates `owner`: it runs a
+    process that started before the owner did, by the ticks since boot, which no clock
+    step moves. None when that proves nothing (not running, or its process is gone)."""
+    pid = state.get("Pid") if isinstance(state, dict) and state.get("Running") else None
+    if not isinstance(pid, int) or pid <= 0 or owner.boot_id != current_boot_id():
+        return None
+    try:
+        started = procfs.read_stat(pid).starttime
+    except OSError:  # gone, or cannot be read now: no proof either way
+        return None
+    if started < owner.starttime:
+        return "its main process started before its owner did"
+    return None
+
+
+def why_older(created: object, since: float | str) -> str | None:
     """Why something created at `created` (an engine timestamp) is not proven younger than
-    its owner, who started at `since` (see started_at); None when it is."""
-    if since is None:
-        return "its owner ran in an earlier boot, so which started first is unknown"
+    its owner, who started at `since` (started_at: a time, or why there is none); None
+    when it is."""
+    if isinstance(since, str):
+        return since
     when = unix_time(created)
     if when is None:
         return f"its creation time {created!r} cannot be read"

@@ -4,6 +4,7 @@ one line for whatever the engine or the way to it says went wrong."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import threading
 import time
@@ -76,13 +77,18 @@ class Engine:
     """Exactly the Docker calls exitwatch makes, on one client (Ryuk's narrow interface).
 
     The client is made on first use: making it asks the engine for its API version, which
-    fails while no engine answers, and the next call should simply try again.
+    fails while no engine answers, and the next call should simply try again. With
+    `concurrency`, at most that many of its calls (but ping and the events stream) are
+    sent at once, from however many threads: the rest wait their turn.
     """
 
-    def __init__(self, client_args: dict[str, Any], timeout: float, pool: int) -> None:
+    def __init__(
+        self, client_args: dict[str, Any], timeout: float, pool: int, concurrency: int = 0
+    ) -> None:
         self._args, self._timeout, self._pool = client_args, timeout, pool
         self._api: docker.APIClient | None = None
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
         base = client_args.get("base_url") or DEFAULT_HOST
         # Removals go straight to a local engine's socket (unixhttp.py says why).
         self._socket = (
@@ -97,6 +103,14 @@ class Engine:
                 )
             return self._api
 
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        if self._slots is None:
+            yield
+            return
+        with self._slots:
+            yield
+
     def ping(self) -> None:
         self._client().ping()
 
@@ -107,47 +121,55 @@ class Engine:
         """The containers with `label`, decoded one at a time as the listing streams in. A
         host with thousands would otherwise hold the whole listing at once, as text and as
         objects, and the process would keep that high-water mark for good."""
-        api = self._client()
-        params = {"all": 1, "filters": json.dumps({"label": [label]})}
-        response = api._get(api._url("/containers/json"), params=params, stream=True)
-        try:
-            api._raise_for_status(response)
-            yield from json_array(response.iter_content(LISTING_CHUNK))
-        finally:
-            response.close()
+        with self._slot():
+            api = self._client()
+            params = {"all": 1, "filters": json.dumps({"label": [label]})}
+            response = api._get(api._url("/containers/json"), params=params, stream=True)
+            try:
+                api._raise_for_status(response)
+                yield from json_array(response.iter_content(LISTING_CHUNK))
+            finally:
+                response.close()
 
     def events(self, since: str) -> Any:
         """Create and destroy events of labelled containers, as a closable iterator."""
         filters = {"type": "container", "label": LABEL_OWNER, "event": ["create", "destroy"]}
         return self._client().events(since=since, filters=filters, decode=True)
 
-    def created(self, cid: str) -> object:
-        """The container's creation time as the engine gives it (RFC 3339, to the ns)."""
-        return self._client().inspect_container(cid).get("Created")
+    def inspect(self, cid: str) -> dict[str, Any]:
+        """What the engine says of one container (`Created`: RFC 3339, to the ns; `State`)."""
+        with self._slot():
+            return self._client().inspect_container(cid)
 
     def remove_container(self, cid: str) -> None:
-        api = self._client()
-        if self._socket is None:
-            api.remove_container(cid, force=True, v=True)
-        else:
-            unixhttp.remove_container(self._socket, api.api_version, cid, self._timeout)
+        with self._slot():
+            api = self._client()
+            if self._socket is None:
+                api.remove_container(cid, force=True, v=True)
+            else:
+                unixhttp.remove_container(self._socket, api.api_version, cid, self._timeout)
 
     def networks(self, label: str) -> list[dict[str, Any]]:
-        return self._client().networks(filters={"label": label})
+        with self._slot():
+            return self._client().networks(filters={"label": label})
 
     def users(self, kind: str, ident: str) -> list[dict[str, Any]]:
         """Every container, of any owner or none, running or not, that uses network or
         volume `ident` (`kind` is "network" or "volume")."""
-        return self._client().containers(all=True, filters={kind: ident})
+        with self._slot():
+            return self._client().containers(all=True, filters={kind: ident})
 
     def remove_network(self, nid: str) -> None:
-        self._client().remove_network(nid)
+        with self._slot():
+            self._client().remove_network(nid)
 
     def volumes(self, label: str) -> list[dict[str, Any]]:
-        return self._client().volumes(filters={"label": label}).get("Volumes") or []
+        with self._slot():
+            return self._client().volumes(filters={"label": label}).get("Volumes") or []
 
     def remove_volume(self, name: str) -> None:
-        self._client().remove_volume(name)
+        with self._slot():
+            self._client().remove_volume(name)
 
     def close(self) -> None:
         with self._lock:

@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 KIND = "container"
 
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
-WORKERS = 16  # parallel removals: dockerd, not the client, should be what limits a bulk reap
+# Engine calls of removals at once (Config.engine_concurrency), over every removal job of
+# the process; docs/benchmarks.md has the figures.
+CONCURRENCY = 16
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
@@ -88,14 +90,17 @@ class Containers(ResourceKind):
     kind = KIND
 
     def __init__(
-        self, host: str | None = None, timeout: float = TIMEOUT, workers: int = WORKERS
+        self, host: str | None = None, timeout: float = TIMEOUT, concurrency: int = CONCURRENCY
     ) -> None:
         # Without a host, like the docker CLI: DOCKER_HOST and DOCKER_TLS_* from the environment.
         self._client_args = docker.utils.kwargs_from_env() if host is None else {"base_url": host}
         self.host: str = self._client_args.get("base_url") or DEFAULT_HOST
-        self._timeout, self._workers = timeout, workers
-        # A connection per removal worker, and spare ones for listings.
-        self._engine = Engine(self._client_args, timeout, pool=workers + 2)
+        self._timeout = timeout
+        # One bound on the engine for every removal job at once: a dead owner with 1,000
+        # containers, or 100 dead owners, send `concurrency` requests, not jobs x threads.
+        # A connection per slot, and spare ones for the scans.
+        self._engine = Engine(self._client_args, timeout, concurrency + 2, concurrency)
+        self._removers = ThreadPoolExecutor(concurrency, thread_name_prefix="exitwatch-rm")
         self.connected = False
         self.reconnects = 0
         self.last_error: str | None = None
@@ -103,6 +108,9 @@ class Containers(ResourceKind):
         self._followed = self._down = False
         self._lock = threading.Lock()
         self._stream: Any = None
+        # The boot time (compose.boot_time) as it was when each owner was first seen: a
+        # clock stepped since then is told by it (compose.started_at).
+        self._seen: dict[Owner, float] = {}
         self._discovery = Discovery(
             "docker events thread", "exitwatch-docker-events", wake=self._close_stream
         )
@@ -126,9 +134,21 @@ class Containers(ResourceKind):
     def scan(self) -> Snapshot:
         """Every labelled container now. Raises EngineError when the engine does not answer."""
         try:
-            return _snapshot(self._engine)
+            return self._sighted(_snapshot(self._engine))
         except ENGINE_ERRORS as err:
             raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
+
+    def _sighted(self, snap: Snapshot) -> Snapshot:
+        """Note when each owner of a whole listing was first seen; forget those gone."""
+        booted = compose.boot_time()
+        owners = {r.owner for r in snap.resources}
+        with self._lock:
+            self._seen = {o: self._seen.get(o, booted) for o in owners}
+        return snap
+
+    def _seen_boot(self, owner: Owner) -> float | None:
+        with self._lock:
+            return self._seen.get(owner)
 
     # -- watching ------------------------------------------------------------------------------
 
@@ -193,7 +213,7 @@ class Containers(ResourceKind):
                 stream.close()
                 return
             self._stream = stream
-        notify(_snapshot(engine))
+        notify(self._sighted(_snapshot(engine)))
         if self._followed:
             self.reconnects += 1
         if self._down:
@@ -217,6 +237,8 @@ class Containers(ResourceKind):
         elif event.get("Action") == "create":
             r = _resource(cid, labels.get("name", ""), labels)
             if r is not None:
+                with self._lock:
+                    self._seen.setdefault(r.owner, compose.boot_time())
                 notify(Found(r))
 
     # -- removal -------------------------------------------------------------------------------
@@ -259,12 +281,10 @@ class Containers(ResourceKind):
             return Outcome(ok=ok, detail=detail, **_container(cid, name, project))
 
         if doomed:
-            with ThreadPoolExecutor(self._workers, thread_name_prefix="exitwatch-rm") as pool:
-                outcomes += pool.map(one, doomed.items())
+            outcomes += self._removers.map(one, doomed.items())
+        since = compose.started_at(owner, self._seen_boot(owner))
         for project in whole:
-            outcomes += networks.of_project(
-                self._engine, project, compose.started_at(owner), dry_run
-            )
+            outcomes += networks.of_project(self._engine, project, since, dry_run)
         held = {p for p in projects if p not in whole}
         return outcomes + networks.labelled(self._engine, owner, dry_run, outcomes, held)
 
@@ -326,7 +346,7 @@ class Containers(ResourceKind):
     ) -> tuple[dict[str, str], list[Outcome]]:
         """Which of `rest` go with the owner's project ({id: name}), and a refusal for each
         unlabelled one not proven to be of the owner's instance of it (compose.py)."""
-        since = compose.started_at(owner)
+        since = compose.started_at(owner, self._seen_boot(owner))
         owned = [compose.instance(c.get("Labels") or {}) for c in listed if _labelled(c, owner)]
         joined, refused = {}, []
         for c in listed:
@@ -338,9 +358,12 @@ class Containers(ResourceKind):
                 why = compose.why_not_ours(labels, owned)
                 if why is None:
                     try:
-                        why = compose.why_older(self._engine.created(cid), since)
+                        info = self._engine.inspect(cid)
                     except ENGINE_ERRORS as err:
                         why = f"its creation time cannot be read: {engine_error(err)}"
+                    else:
+                        why = compose.why_started_before(info.get("State"), owner)
+                        why = why or compose.why_older(info.get("Created"), since)
             if why is None:
                 joined[cid] = rest[cid]
             else:

@@ -14,7 +14,7 @@ from exitwatch.kinds.docker.engine import ENGINE_ERRORS, Engine, attempt, engine
 from exitwatch.owner import Owner
 
 
-def of_project(engine: Engine, project: str, since: float | None, dry_run: bool) -> list[Outcome]:
+def of_project(engine: Engine, project: str, since: float | str, dry_run: bool) -> list[Outcome]:
     """Remove the networks of a project whose containers were just removed, unless some
     container is left (a kept one, one that would not go, or one created meanwhile), or
     the network is older than the owner (compose.py), or is labelled exitwatch.keep=true."""

@@ -90,7 +90,11 @@ class Processes(ResourceKind):
                     self._last_error = f"{type(err).__name__}: {err}"
                     failing = self._failing
                 wait = min(self.interval * 2**failing, MAX_BACKOFF)
-                if failing == 1:
+                if failing == 1 and isinstance(err, OSError):  # /proc cannot be read now
+                    log.warning(
+                        "leftover processes: a rescan failed: %s; again in %.0f s", err, wait
+                    )
+                elif failing == 1:  # a bug: said with its traceback
                     log.exception("leftover processes: a rescan failed; again in %.0f s", wait)
                 else:
                     log.warning(

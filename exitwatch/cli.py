@@ -60,6 +60,11 @@ _status_socket = _option(
     metavar="PATH",
     help=f"The agent's status socket [default: {Config.status_socket}].",
 )
+_audit_log = _option(
+    "--audit-log",
+    metavar="PATH",
+    help=f'JSON-lines record of removals and refusals ("" for none) [default: {Config.audit_log}].',
+)
 _hook_dir = _option(
     "--hook-dir",
     metavar="DIR",
@@ -137,11 +142,7 @@ def cli() -> None:
 @_docker_host
 @_hook_dir
 @_status_socket
-@_option(
-    "--audit-log",
-    metavar="PATH",
-    help=f'JSON-lines record of removals and refusals ("" for none) [default: {Config.audit_log}].',
-)
+@_audit_log
 @_option("--metrics-addr", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @_option("--log-format", type=click.Choice(["text", "json"]), help="[default: text]")
 def agent(config_path: str | None, **flags: object) -> None:
@@ -202,20 +203,29 @@ def agent(config_path: str | None, **flags: object) -> None:
 @_depth
 @_docker_host
 @_hook_dir
+@_audit_log
 def reap(config_path: str | None, **flags: object) -> None:
     """Reap once what dead owners hold now, then exit (no agent needed)."""
     _require_root("exitwatch reap")
     config = _config(config_path, **flags)
     logs.setup(config.log_format)
+    from exitwatch.agent.audit import AuditLog
     from exitwatch.agent.loop import Agent
+    from exitwatch.agent.record import Recorder
     from exitwatch.kinds.docker.kind import KIND as CONTAINER
 
     kinds = _kinds(config)
     problem = kinds[CONTAINER].ping()
     if problem is not None:
         raise click.ClickException(problem)
-    agent = Agent(config, kinds.values())
-    problems = agent.reconcile()
+    # Its removals and refusals go to the audit log as the agent's do.
+    audit = AuditLog(config.audit_log, config.audit_max_bytes) if config.audit_log else None
+    agent = Agent(config, kinds.values(), recorder=Recorder(audit))
+    try:
+        problems = agent.reconcile()
+    finally:
+        if audit is not None:
+            audit.close()
     if problems:
         raise click.ClickException("; ".join(problems))
     failed = agent.recorder.counters().get("removal_errors", 0)

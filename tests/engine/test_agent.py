@@ -3,6 +3,7 @@ real signals, a real Docker engine and real directories."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -200,7 +201,7 @@ def test_container_created_after_its_owners_death_is_reaped(engine, start_agent,
     wait_gone(engine, [cid], [path, later])
 
 
-def test_reap_dry_run_removes_nothing_and_reap_removes(engine, workroot):
+def test_reap_dry_run_removes_nothing_and_reap_removes(engine, workroot, tmp_path):
     owner = spawn_owner()
     cid = container(engine, owner.pid)
     path = workdir(workroot, owner.pid)
@@ -214,6 +215,8 @@ def test_reap_dry_run_removes_nothing_and_reap_removes(engine, workroot):
         engine.host,
         "--workdir-root",
         str(workroot),
+        "--audit-log",
+        str(tmp_path / "audit.jsonl"),
     ]
     dry = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
@@ -225,3 +228,11 @@ def test_reap_dry_run_removes_nothing_and_reap_removes(engine, workroot):
     assert real.returncode == 0, real.stderr
     assert not exists(engine, cid)
     assert not path.exists()
+    # Each removal, the dry run's too, is a line of the audit log, as the agent's are.
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert sorted((e["kind"], e["dry_run"]) for e in audit) == [
+        ("container", False),
+        ("container", True),
+        ("workdir", False),
+        ("workdir", True),
+    ]

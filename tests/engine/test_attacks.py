@@ -253,7 +253,9 @@ def test_a_marker_above_someone_elses_workdir_hides_nothing(agent, root, attacke
     attacker_owner.kill()
 
 
-def test_a_nested_workdir_of_a_dead_owner_is_not_left_for_good(agent, root, attacker, engine):
+def test_a_nested_workdir_of_a_dead_owner_is_not_left_for_good(
+    agent, root, attacker, engine, tmp_path
+):
     outer = AttackerOwner(attacker, root, f'mkdir -p out/in && printf %s "$body" > out/{MARKER}')
     inner = AttackerOwner(
         attacker, root, f'touch out/in/data && printf %s "$body" > out/in/{MARKER}'
@@ -268,7 +270,16 @@ def test_a_nested_workdir_of_a_dead_owner_is_not_left_for_good(agent, root, atta
     inner.kill()
     # The next reconcile (at start, or `exitwatch reap`) takes both: the inner owner is dead.
     done = subprocess.run(
-        [*EXITWATCH, "reap", "--workdir-root", str(root), "--docker-host", engine.host],
+        [
+            *EXITWATCH,
+            "reap",
+            "--workdir-root",
+            str(root),
+            "--docker-host",
+            engine.host,
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

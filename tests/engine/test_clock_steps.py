@@ -139,7 +139,7 @@ def test_reap_with_its_clock_stepped_removes_no_older_sibling(engine, compose, t
     (tmp_path / "empty").mkdir()
     argv = [sys.executable, "-m", "exitwatch", "reap", "--docker-host", engine.host]
     argv += ["--workdir-root", str(tmp_path / "empty")]
-    argv += ["--hook-dir", str(tmp_path / "hooks")]
+    argv += ["--hook-dir", str(tmp_path / "hooks"), "--audit-log", str(tmp_path / "audit.jsonl")]
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=120, env=os.environ | clock.env()
     )

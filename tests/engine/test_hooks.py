@@ -163,6 +163,8 @@ def test_exitwatch_reap_runs_hooks(engine, sandboxes, spool, tmp_path):
             str(tmp_path),
             "--hook-dir",
             str(spool),
+            "--audit-log",
+            str(tmp_path / "audit.jsonl"),
         ],
         capture_output=True,
         text=True,

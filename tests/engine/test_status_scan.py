@@ -31,7 +31,10 @@ def test_bad_markers_are_summarized_not_warned_one_by_one(engine, workroot: Path
     good.mkdir()
     mark_workdir(good, alive.pid)
     config = tmp_path / "config.toml"
-    config.write_text(f'workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n')
+    config.write_text(
+        f'workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n'
+        f'audit_log = "{tmp_path / "audit.jsonl"}"\n'
+    )
     common = ("--config", str(config), "--status-socket", str(tmp_path / "none.sock"))
     try:
         done = _exitwatch("status", *common)
@@ -65,7 +68,10 @@ def test_a_kind_that_cannot_be_listed_is_one_line_in_status_and_fails_reap(
     mark_workdir(orphan, dead.pid)
     kill(dead)
     config = tmp_path / "config.toml"
-    config.write_text(f'workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n')
+    config.write_text(
+        f'workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n'
+        f'audit_log = "{tmp_path / "audit.jsonl"}"\n'
+    )
     common = ("--config", str(config), "--hook-dir", str(spool))
 
     done = _exitwatch("status", *common, "--status-socket", str(tmp_path / "none.sock"))

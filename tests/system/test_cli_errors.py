@@ -47,7 +47,7 @@ def test_missing_config_file_is_one_line(tmp_path):
 
 def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
     env = os.environ | {"DOCKER_HOST": "tcp://10.0.0.5:2375"}
-    done = exitwatch("reap", "--workdir-root", str(tmp_path), env=env)
+    done = exitwatch("reap", "--workdir-root", str(tmp_path), "--audit-log", "", env=env)
     assert done.returncode != 0
     assert done.stderr.strip() == (
         "Error: docker_host: expected a local engine's unix:// socket (owners are processes "

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from exitwatch import cancel_hook, on_death
-from exitwatch.contract import HOOK_SUFFIX
+from exitwatch.contract import HOOK_FILE
 
 from support.procs import kill, spawn_owner
 
@@ -31,7 +31,14 @@ def test_the_cli_registers_and_cancels(spool):
             env=os.environ | {"TOKEN": "s3cret"},
         )
         hook_id = done.stdout.strip()
-        body = json.loads((spool / f"{hook_id}{HOOK_SUFFIX}").read_text())
+        # A directory of the caller's own, that only they (and root) may write to, holding
+        # a file of theirs; nothing else is left in the spool.
+        hook_dir = spool / hook_id
+        assert (hook_dir.stat().st_mode & 0o7777, hook_dir.stat().st_uid) == (0o700, os.getuid())
+        file = hook_dir / HOOK_FILE
+        assert (file.stat().st_mode & 0o7777, file.stat().st_uid) == (0o600, os.getuid())
+        assert os.listdir(spool) == [hook_id] and os.listdir(hook_dir) == [HOOK_FILE]
+        body = json.loads(file.read_text())
         env = {"A": "b", "TOKEN": "s3cret"}
         assert (body["argv"], body["env"], body["timeout"]) == (["true"], env, 60.0)
         unset = subprocess.run(
@@ -45,12 +52,12 @@ def test_the_cli_registers_and_cancels(spool):
         mine = subprocess.run(
             [*exitwatch, "on-death", "--", "true"], capture_output=True, text=True, check=True
         ).stdout.strip()
-        body = json.loads((spool / f"{mine}{HOOK_SUFFIX}").read_text())
+        body = json.loads((spool / mine / HOOK_FILE).read_text())
         assert body["owner"].split(":")[1] == str(os.getpid())
         assert body["cwd"] == os.getcwd()
         assert cancel_hook(mine)
         subprocess.run([*exitwatch, "on-death", "--cancel", hook_id], check=True)
-        assert not (spool / f"{hook_id}{HOOK_SUFFIX}").exists()
+        assert os.listdir(spool) == []  # cancelled, directory and all
         again = subprocess.run(
             [*exitwatch, "on-death", "--cancel", hook_id], capture_output=True, text=True
         )

@@ -98,12 +98,14 @@ def read_hook(spool_fd: int, name: str) -> Opened:
     """The hook in directory `name` of the spool, opened. Raises FileNotFoundError when
     it is gone (or its directory holds no hook file: being removed, or cancelled), and
     HookError when it is refused."""
+    # What cannot be opened now (a full fd table) may open later: such a refusal does not
+    # last.
     try:
         pin = os.open(name, _PIN, dir_fd=spool_fd)
     except FileNotFoundError:
         raise
     except OSError as err:
-        raise HookError(f"it cannot be opened: {err.strerror}") from None
+        raise HookError(f"it cannot be opened: {err.strerror}", lasting=False) from None
     try:
         st = os.fstat(pin)
         problem = entry_problem(name, st)
@@ -111,7 +113,10 @@ def read_hook(spool_fd: int, name: str) -> Opened:
             raise HookError(problem)
         _on_spool_mount(pin, spool_fd, "its directory")
         # The very directory just checked, opened to be read.
-        dir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pin)
+        try:
+            dir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pin)
+        except OSError as err:
+            raise HookError(f"it cannot be opened: {err.strerror}", lasting=False) from None
     finally:
         os.close(pin)
     try:
@@ -149,7 +154,8 @@ def _open_file(dir_fd: int) -> int:
             raise
         if err.errno == errno.ELOOP:
             raise HookError(f"its {HOOK_FILE} is a symlink") from None
-        raise HookError(f"its {HOOK_FILE} cannot be opened: {err.strerror}") from None
+        why = f"its {HOOK_FILE} cannot be opened: {err.strerror}"
+        raise HookError(why, lasting=False) from None
 
 
 def _body(fd: int) -> dict:

@@ -5,6 +5,7 @@ remembered of one user's entries, and how many lines their refusals write."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import os
@@ -102,10 +103,11 @@ class Spool:
 
     def reset(self) -> None:
         """Forget everything: the next listing is a whole one, every entry read anew."""
-        self._entries: dict[str, _Entry] = {}
-        self._held: collections.Counter[int] = collections.Counter()  # hook dirs per uid
-        self._strays: collections.Counter[int] = collections.Counter()
-        self._listed = False  # whether the whole spool was listed since it could not be
+        with self._lock:
+            self._entries: dict[str, _Entry] = {}
+            self._held: collections.Counter[int] = collections.Counter()  # hook dirs per uid
+            self._strays: collections.Counter[int] = collections.Counter()
+            self._listed = False  # whether the whole spool was listed since it could not be
 
     def list(self, changed: set[str] | None = None) -> dict[str, Hook]:
         """The good hooks in the spool: listed whole, or, given the names that changed
@@ -168,10 +170,8 @@ class Spool:
         if problem is None:
             # And its file's: a change inside a hook's directory (a new file, a mount over
             # it) leaves the directory's own stat as it was.
-            try:
+            with contextlib.suppress(OSError):  # none: an empty hook directory
                 sig += _sig(os.stat(f"{name}/{HOOK_FILE}", dir_fd=dir_fd, follow_symlinks=False))
-            except OSError:
-                pass
         old = self._entries.get(name)
         if old is not None and old.sig == sig and not old.why:
             return

@@ -203,10 +203,11 @@ def on_death(
         tmp = f".{hook_id}"
         os.mkdir(tmp, 0o700, dir_fd=spool)
         try:
+            # Past the umask, before it is opened (a umask of 0777 leaves it 0000). By name:
+            # in the sticky spool no one but its maker (and root) may replace it.
+            os.chmod(tmp, 0o700, dir_fd=spool)
             dir_fd = os.open(tmp, _DIR_FLAGS, dir_fd=spool)
             try:
-                # The agent refuses a hook whose directory or file others could write to.
-                os.fchmod(dir_fd, 0o700)  # past the umask
                 _write_new(dir_fd, HOOK_FILE, data)
                 os.fsync(dir_fd)  # a crash of the host must not leave an empty hook behind
             finally:
@@ -226,7 +227,7 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
     try:
-        os.fchmod(fd, 0o600)
+        os.fchmod(fd, 0o600)  # past the umask: the agent refuses a file others could rewrite
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

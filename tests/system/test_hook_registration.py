@@ -12,9 +12,11 @@ import sys
 import pytest
 
 from exitwatch import cancel_hook, on_death
-from exitwatch.contract import HOOK_FILE
+from exitwatch.contract import ENV_HOOK_DIR, HOOK_FILE
 
+from support.hooks import REPO
 from support.procs import kill, spawn_owner
+from support.users import SYSTEM_PYTHON, as_user
 
 
 def test_the_cli_registers_and_cancels(spool):
@@ -86,3 +88,37 @@ def test_registering_refuses_what_the_agent_would_refuse(spool):
     with pytest.raises(ValueError):
         cancel_hook("../../etc/passwd")
     assert [p for p in spool.iterdir()] == []
+
+
+# As the user: on_death under the umask argv[2], printing the hook's id.
+_UNDER_UMASK = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+os.umask(int(sys.argv[2], 8))
+from exitwatch import on_death
+print(on_death(["true"]))
+"""
+
+
+def test_a_hook_is_the_callers_alone_whatever_the_umask(spool, attacker):
+    """The agent refuses a hook whose directory or file others could write to, and the
+    caller must open the directory it made: the modes are set past the umask, 0777
+    (nothing: a directory of mode 0000 its maker cannot open) and 0 (everything)."""
+    for mask in ("777", "0"):
+        proc = as_user(
+            attacker,
+            f'exec {SYSTEM_PYTHON} -I -S -c "$@"',
+            _UNDER_UMASK,
+            str(REPO),
+            mask,
+            stdout=subprocess.PIPE,
+            env={ENV_HOOK_DIR: str(spool)},
+        )
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, mask
+        hook_dir = spool / out.decode().strip()
+        modes = (hook_dir.stat().st_mode & 0o7777, (hook_dir / HOOK_FILE).stat().st_mode & 0o7777)
+        assert modes == (0o700, 0o600), mask
+        assert (hook_dir.stat().st_uid, (hook_dir / HOOK_FILE).stat().st_uid) == (
+            attacker.pw_uid,
+        ) * 2

@@ -55,7 +55,10 @@ class Job:
     at: float  # monotonic time the death was first noticed
     attempt: int = 1
     lane: Hashable = None  # its resource's lane, for a kind with lanes
-    busy_since: float | None = None  # monotonic time it was first found busy, while it is
+    # Monotonic time it was first found busy: a job may stay busy for its kind's busy_wait
+    # in all, and once past it each busy look is a failed attempt at once (so a lock held
+    # for ever costs one busy_wait and the retries, not one busy_wait per attempt).
+    busy_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class Removals:
         self._leave_lane(job)
         ended = [r for r in job.resources if r not in done.failed and r not in done.busy]
         self._removing.difference_update((r.kind, r.key) for r in ended)
-        failed = replace(job, resources=done.failed, busy_since=None)
+        failed = replace(job, resources=done.failed)
         if not (done.failed and self._retry(failed)):
             self._removing.difference_update((r.kind, r.key) for r in done.failed)
         if done.busy:

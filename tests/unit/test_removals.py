@@ -138,7 +138,8 @@ def test_a_full_lane_queues_its_jobs_as_data_and_the_other_lanes_run():
 def test_a_busy_resource_is_looked_at_again_without_spending_an_attempt_then_fails():
     """Outcome.later: tried again half a second on, at the same attempt, holding no slot
     of its lane meanwhile; once busy for longer than the kind's busy_wait, it counts as
-    a failed attempt."""
+    a failed attempt, and so does each busy look after that: it is given up after its
+    attempts' delays, not after busy_wait again for each."""
     ended: queue.SimpleQueue = queue.SimpleQueue()
     kind = Laned(limit=1, workers=2, busy_wait=1.0)
     kind.busy.add("a-0")
@@ -164,9 +165,17 @@ def test_a_busy_resource_is_looked_at_again_without_spending_an_attempt_then_fai
         # Busy at 0, 0.5 and 1 s: the look past busy_wait is a failed attempt, the first.
         assert tries == 3 and kind.calls.count("a-0") == 3
         [retry] = [p for p in jobs.pending() if p.state == "waiting to retry"]
-        assert retry.job.attempt == 2 and retry.job.busy_since is None
+        assert retry.job.attempt == 2
         [reap] = recorder.reaps()[-1:]
         assert not reap.ok and reap.result.startswith("locked, for ")
+        for _ in (2, 3):  # attempts 2 and 3, 0.5 s and 2 s on: busy, so failed at once
+            due = jobs.next_due()
+            assert due is not None
+            time.sleep(max(0.0, due - time.monotonic()))
+            jobs.start_due(time.monotonic())
+            jobs.finished(ended.get(timeout=10))
+        assert not jobs.busy() and recorder.counters()["gave_up"] == 1
+        assert kind.calls.count("a-0") == 5
     finally:
         jobs.shutdown(wait=True)
         kind.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -59,21 +60,28 @@ def mark_workdir(path: str | os.PathLike[str] | int, pid: int | None = None) -> 
             os.close(dir_fd)
 
 
-# On-death hooks: a file per hook in a spool that only its writer (or root) can remove.
+# On-death hooks: each in a directory of its own in a spool that only root can list.
+# docs/design.md ("On-death hooks") says why a hook lives in its writer's own directory.
 HOOK_DIR = "/var/spool/exitwatch/hooks"
 ENV_HOOK_DIR = "EXITWATCH_HOOK_DIR"
+HOOK_FILE = "hook.json"  # the one file of <spool>/<hook id>/
 HOOK_MAX_BYTES = 64 * 1024
 # A hook holds one of the few hook workers (and one of its user's slots) while it runs:
 # an hour is ample for a cleanup call, and bounds how long hung hooks can delay others.
 HOOK_MAX_TIMEOUT = 3600.0
-HOOK_SUFFIX = ".json"
 _HOOK_ID = re.compile(r"[0-9a-f]{32}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def hook_dir() -> str:
     """The spool the registering side writes to: EXITWATCH_HOOK_DIR, or the system's."""
     return os.environ.get(ENV_HOOK_DIR) or HOOK_DIR
+
+
+def is_hook_id(name: str) -> bool:
+    """Whether `name` is a hook's id, the name of its directory in the spool."""
+    return bool(_HOOK_ID.fullmatch(name))
 
 
 def hook_problem(body: object) -> str | None:
@@ -122,9 +130,11 @@ def _utf8(text: str) -> bool:
 
 
 def spool_problem(st: os.stat_result) -> str | None:
-    """What makes a spool one that others could tamper with, or None: not a directory of
-    root's, or writable by others without the sticky bit (which alone keeps one user from
-    removing or replacing another's hooks)."""
+    """What makes a spool one that others could tamper with, or None: a symlink, not a
+    directory of root's, or writable by others without the sticky bit (which alone keeps
+    one user from removing or replacing another's hooks)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink, not a directory owned by root"
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
         return "it is not a directory owned by root"
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
@@ -132,15 +142,26 @@ def spool_problem(st: os.stat_result) -> str | None:
     return None
 
 
-def _open_spool() -> int:
-    # O_PATH: users may add and remove entries in the 1733 spool, not list it.
-    path = hook_dir()
-    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    problem = spool_problem(os.fstat(fd))
-    if problem is not None:
+def open_spool(path: str, readable: bool = False) -> int:
+    """The spool at `path`, opened as both sides open it: through no symlink at its end
+    (O_NOFOLLOW), and checked through the descriptor. O_PATH unless `readable` (to list
+    it: root only; users may add entries to the 1733 spool, not list it). Raises
+    PermissionError (EPERM) for a spool that others could tamper with, and OSError when it
+    cannot be opened."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        problem = spool_problem(os.fstat(fd))
+        if problem is not None:
+            raise PermissionError(errno.EPERM, f"{problem}; others could tamper with hooks", path)
+        if not readable:
+            return fd
+        # The very directory just checked, reopened to be read.
+        readable_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    except BaseException:
         os.close(fd)
-        raise PermissionError(errno.EPERM, f"{problem}; others could tamper with hooks", path)
-    return fd
+        raise
+    os.close(fd)
+    return readable_fd
 
 
 def on_death(
@@ -178,27 +199,56 @@ def on_death(
     if len(data) > HOOK_MAX_BYTES:
         raise ValueError(f"hook is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}")
     hook_id = secrets.token_hex(16)
-    dir_fd = _open_spool()
+    spool = open_spool(hook_dir())
     try:
-        tmp = f".{hook_id}.tmp"  # dot names are never read as hooks
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+        # Made under a dot name (never read as a hook) and renamed into place whole: the
+        # agent never sees a hook half written.
+        tmp = f".{hook_id}"
+        os.mkdir(tmp, 0o700, dir_fd=spool)
         try:
+            # Past the umask, before it is opened (a umask of 0777 leaves it 0000). By name:
+            # in the sticky spool no one but its maker (and root) may replace it.
+            os.chmod(tmp, 0o700, dir_fd=spool)
+            dir_fd = os.open(tmp, _DIR_FLAGS, dir_fd=spool)
             try:
-                os.fchmod(fd, 0o600)  # the agent refuses a hook that others could rewrite
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)  # a crash of the host must not leave an empty hook behind
+                _write_new(dir_fd, HOOK_FILE, data)
+                os.fsync(dir_fd)  # a crash of the host must not leave an empty hook behind
             finally:
-                os.close(fd)
-            os.rename(tmp, hook_id + HOOK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                os.close(dir_fd)
+            os.rename(tmp, hook_id, src_dir_fd=spool, dst_dir_fd=spool)
         except BaseException:
-            os.unlink(tmp, dir_fd=dir_fd)  # no one else may remove it from the sticky spool
+            # No one else may remove it from the sticky spool.
+            with contextlib.suppress(OSError):
+                _remove_hook_dir(spool, tmp)
             raise
     finally:
-        os.close(dir_fd)
+        os.close(spool)
     return hook_id
+
+
+def _write_new(dir_fd: int, name: str, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o600)  # past the umask: the agent refuses a file others could rewrite
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_hook_dir(spool: int, name: str) -> None:
+    """Remove the hook directory `name` of the spool (`spool` is its descriptor), with its
+    file. Raises OSError: ENOTEMPTY when its writer put more in it, which stays."""
+    dir_fd = os.open(name, _DIR_FLAGS, dir_fd=spool)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(HOOK_FILE, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    os.rmdir(name, dir_fd=spool)
 
 
 def cancel_hook(hook_id: str) -> bool:
@@ -208,21 +258,24 @@ def cancel_hook(hook_id: str) -> bool:
     for others, and this check for root too. Raises ValueError for a malformed id and
     PermissionError for another user's hook.
     """
-    if not isinstance(hook_id, str) or not _HOOK_ID.fullmatch(hook_id):
+    if not isinstance(hook_id, str) or not is_hook_id(hook_id):
         raise ValueError(f"{hook_id!r} is not a hook id (32 hex digits)")
-    name = hook_id + HOOK_SUFFIX
-    dir_fd = _open_spool()
+    spool = open_spool(hook_dir())
     try:
         try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            st = os.stat(hook_id, dir_fd=spool, follow_symlinks=False)
         except FileNotFoundError:
             return False
         if st.st_uid != os.geteuid():
             raise PermissionError(f"hook {hook_id} belongs to uid {st.st_uid}, not to you")
+        # Out of the agent's sight at once, under a dot name; then emptied and removed.
+        gone = f".{hook_id}.cancelled"
         try:
-            os.unlink(name, dir_fd=dir_fd)
+            os.rename(hook_id, gone, src_dir_fd=spool, dst_dir_fd=spool)
         except FileNotFoundError:  # ran (or cancelled) just now
             return False
+        with contextlib.suppress(OSError):  # what else its writer put there stays theirs
+            _remove_hook_dir(spool, gone)
     finally:
-        os.close(dir_fd)
+        os.close(spool)
     return True

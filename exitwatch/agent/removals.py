@@ -1,5 +1,6 @@
-"""The removal jobs of dead owners, one per owner and kind: running on a thread pool,
-waiting to retry with backoff, or given up (shown in status until the resource is gone).
+"""The removal jobs of dead owners, one per owner and kind (or, for a kind with lanes, one
+per resource): running on a thread pool, queued for a slot in their lane, waiting to retry
+with backoff, or given up (shown in status until the resource is gone).
 
 Only the agent's loop thread calls these. A job's end comes back to it as a Done item
 through `post`, so this state needs no lock either.
@@ -7,12 +8,13 @@ through `post`, so this state needs no lock either.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -24,6 +26,8 @@ from exitwatch.owner import Owner
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (kind, key) of one resource
+Lane = tuple[str, Hashable]  # (kind, the kind's lane of a resource)
+BUSY_PAUSE_MAX = 30.0  # seconds between looks at a resource another process is at
 
 
 def retry_delay(attempt: int) -> float:
@@ -31,6 +35,13 @@ def retry_delay(attempt: int) -> float:
     removal that failed at once (a busy engine) is soon tried again; one that keeps
     failing (an immutable file) costs ever less."""
     return 0.5 * 4 ** (attempt - 1)
+
+
+def busy_delay(waited: float) -> float:
+    """Seconds before a busy resource (Outcome.later) is tried again, once it has waited
+    `waited` seconds: half a second at first, then as long again as it has waited, at
+    most BUSY_PAUSE_MAX. It costs no attempt, and no worker while it waits."""
+    return min(max(0.5, waited), BUSY_PAUSE_MAX)
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,11 @@ class Job:
     death: str
     at: float  # monotonic time the death was first noticed
     attempt: int = 1
+    lane: Hashable = None  # its resource's lane, for a kind with lanes
+    # Monotonic time it was first found busy: a job may stay busy for its kind's busy_wait
+    # in all, and once past it each busy look is a failed attempt at once (so a lock held
+    # for ever costs one busy_wait and the retries, not one busy_wait per attempt).
+    busy_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,17 +66,19 @@ class Pending:
     """A job as status shows it: running, waiting to retry, or given up."""
 
     job: Job
-    state: str  # "removing", "waiting to retry", "given up"
+    state: str  # "removing", "waiting for a slot", "waiting to retry", "given up"
     due: float | None = None  # monotonic time of its next attempt, while it waits
 
 
 @dataclass(frozen=True)
 class Done:
-    """A job has ended; what `failed` holds is to be tried again ((): all went well)."""
+    """A job has ended; what `failed` holds is to be tried again ((): all went well), and
+    what `busy` holds too, without spending an attempt."""
 
     token: int
     job: Job
     failed: tuple[Resource, ...]
+    busy: tuple[Resource, ...] = ()
 
 
 class Removals:
@@ -76,6 +94,8 @@ class Removals:
         self._tiebreak = itertools.count()
         self._removing: set[Key] = set()  # every resource of a job under way
         self._given_up: dict[Key, Job] = {}
+        self._in_lane: collections.Counter[Lane] = collections.Counter()  # jobs submitted
+        self._queued: dict[Lane, collections.deque[Job]] = {}  # waiting for a slot
 
     def start(
         self,
@@ -85,23 +105,29 @@ class Removals:
         how: str,
         at: float,
     ) -> None:
-        """Remove what dead `owner` held, one job per kind. A resource seen again (a fresh
-        listing) while its removal is under way is skipped: one job is enough."""
+        """Remove what dead `owner` held, one job per kind, or per resource of a kind with
+        lanes. A resource seen again (a fresh listing) while its removal is under way is
+        skipped: one job is enough."""
         by_kind: dict[str, list[Resource]] = {}
         for res in held:
             if (res.kind, res.key) in self._removing:
                 continue
             self._removing.add((res.kind, res.key))
             by_kind.setdefault(res.kind, []).append(res)
-        for kind, resources in by_kind.items():
-            self._start(Job(owner, kinds[kind], tuple(resources), how, at))
+        for name, resources in by_kind.items():
+            kind = kinds[name]
+            if kind.lane_limit:
+                for res in resources:
+                    self._start(Job(owner, kind, (res,), how, at, lane=kind.lane(res)))
+            else:
+                self._start(Job(owner, kind, tuple(resources), how, at))
 
     def under_way(self, key: Key) -> bool:
         return key in self._removing
 
     def busy(self) -> bool:
-        """Whether a job is running or waiting to retry."""
-        return bool(self._running or self._retries)
+        """Whether a job is running, queued for its lane, or waiting to retry."""
+        return bool(self._running or self._retries or self._queued)
 
     def next_due(self) -> float | None:
         """The monotonic time the next retry is due, if one waits."""
@@ -116,10 +142,19 @@ class Removals:
         Returns the resources done with (gone, or refused)."""
         del self._running[done.token]
         job = done.job
-        ended = [r for r in job.resources if r not in done.failed]
+        self._leave_lane(job)
+        ended = [r for r in job.resources if r not in done.failed and r not in done.busy]
         self._removing.difference_update((r.kind, r.key) for r in ended)
-        if not (done.failed and self._retry(replace(job, resources=done.failed))):
+        failed = replace(job, resources=done.failed)
+        if not (done.failed and self._retry(failed)):
             self._removing.difference_update((r.kind, r.key) for r in done.failed)
+        if done.busy:
+            now = time.monotonic()
+            since = now if job.busy_since is None else job.busy_since
+            again = replace(job, resources=done.busy, busy_since=since)
+            heapq.heappush(
+                self._retries, (now + busy_delay(now - since), next(self._tiebreak), again)
+            )
         return ended
 
     def forget(self, key: Key) -> None:
@@ -151,20 +186,45 @@ class Removals:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
     def jobs(self) -> Sequence[Job]:
-        """The jobs running or waiting to retry."""
-        return [job for _, job in self._running.values()] + [job for _, _, job in self._retries]
+        """The jobs running, queued for their lane, or waiting to retry."""
+        queued = [job for jobs in self._queued.values() for job in jobs]
+        return (
+            [job for _, job in self._running.values()] + queued + [j for _, _, j in self._retries]
+        )
 
     def pending(self) -> list[Pending]:
         items = [Pending(job, "removing") for _, job in self._running.values()]
+        items += [Pending(job, "waiting for a slot") for q in self._queued.values() for job in q]
         items += [Pending(job, "waiting to retry", due) for due, _, job in sorted(self._retries)]
         given_up = {id(job): job for job in self._given_up.values()}
         items += [Pending(job, "given up") for job in given_up.values()]
         return items
 
     def _start(self, job: Job) -> None:
+        if job.kind.lane_limit:
+            lane = (job.kind.kind, job.lane)
+            if self._in_lane[lane] >= job.kind.lane_limit:
+                self._queued.setdefault(lane, collections.deque()).append(job)
+                return
+            self._in_lane[lane] += 1
         token = next(self._tiebreak)
         pool = job.kind.executor or self._pool
         self._running[token] = (pool.submit(self._reap, token, job), job)
+
+    def _leave_lane(self, job: Job) -> None:
+        """A job of a kind with lanes has ended: the next queued in its lane starts."""
+        if not job.kind.lane_limit:
+            return
+        lane = (job.kind.kind, job.lane)
+        self._in_lane[lane] -= 1
+        if not self._in_lane[lane]:
+            del self._in_lane[lane]
+        queued = self._queued.get(lane)
+        if queued:
+            upcoming = queued.popleft()
+            if not queued:
+                del self._queued[lane]
+            self._start(upcoming)
 
     def _retry(self, job: Job) -> bool:
         """Schedule the job's next attempt; False once it has had them all."""
@@ -192,14 +252,28 @@ class Removals:
             log.exception("removing %s of %s failed", job.kind.kind, job.owner)
             what = f"{job.kind.kind}s of {job.owner}"
             outcomes = [Outcome.failed(what, job.kind.kind, str(err))]
-        latency = time.monotonic() - job.at
+        now = time.monotonic()
+        waited = 0.0 if job.busy_since is None else now - job.busy_since
+        if waited >= job.kind.busy_wait:
+            # Held for longer than another process may rightly hold it: a failed attempt.
+            outcomes = [
+                replace(o, busy=False, detail=f"{o.detail}, for {waited:.0f} s") if o.busy else o
+                for o in outcomes
+            ]
         for outcome in outcomes:
-            self._recorder.outcome(job.owner, job.death, outcome, latency, dry_run)
-        failed = [o for o in outcomes if not o.ok and not o.refused]
-        # Only what failed is tried again, where each failure says which resource it is.
-        keys = {o.key for o in failed}
-        if "" in keys:
-            retry = job.resources if failed else ()
-        else:
-            retry = tuple(r for r in job.resources if r.key in keys)
-        self._post(Done(token, job, retry))
+            if outcome.busy:  # nothing was done: nothing to record yet
+                log.debug("%s: %s; looking again", outcome.what, outcome.detail)
+            else:
+                self._recorder.outcome(job.owner, job.death, outcome, now - job.at, dry_run)
+        failed = [o for o in outcomes if not o.ok and not o.refused and not o.busy]
+        busy = [o for o in outcomes if o.busy]
+        self._post(Done(token, job, _which(job, failed), _which(job, busy)))
+
+
+def _which(job: Job, outcomes: Sequence[Outcome]) -> tuple[Resource, ...]:
+    """The resources of `job` that `outcomes` are about: each outcome says which resource
+    it is, or, saying none, it is about them all."""
+    keys = {o.key for o in outcomes}
+    if "" in keys:
+        return job.resources
+    return tuple(r for r in job.resources if r.key in keys)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +55,7 @@ class Outcome:
     ok: bool
     detail: str = ""  # "removed", "already gone", or why it failed or was refused
     refused: bool = False  # a safety check left it alone on purpose
+    busy: bool = False  # not tried: another process is at it now (see ResourceKind.busy_wait)
     extra: dict = field(default_factory=dict)  # written to the audit log
     counts: tuple[str, ...] = ()  # further counters it moves, e.g. "hook_runs"
     key: str = ""  # the Resource.key it is about, where it is about exactly one
@@ -75,6 +76,13 @@ class Outcome:
         seen again (a reconcile, a change)."""
         return cls(what=what, kind=kind, ok=False, detail=why, refused=True, **more)
 
+    @classmethod
+    def later(cls, what: str, kind: str, why: str, **more: Any) -> Outcome:
+        """It was not tried: another process is at it now (holds its lock). It is tried
+        again after a pause, without spending an attempt, for up to the kind's
+        `busy_wait`."""
+        return cls(what=what, kind=kind, ok=False, detail=why, busy=True, **more)
+
 
 class ResourceKind(abc.ABC):
     """One kind of resource: list it, watch it for changes, remove it."""
@@ -87,6 +95,13 @@ class ResourceKind(abc.ABC):
     # filesystem): the oldest-pending alert watches for it. A hook may rightly run for an
     # hour, or wait for a runner's lock.
     ages_pending: bool = True
+    # Lanes: a kind may bound how many of its removals run at once per lane (the hook kind:
+    # per user, the lane being the uid). Its resources are then removed one per job, and a
+    # job whose lane is full waits in the agent's queue, as data: it holds no worker.
+    lane_limit: int = 0  # 0: no lanes, one job per dead owner
+    # How long a resource may stay busy (Outcome.later) before that counts as a failed
+    # attempt: the longest another process may rightly hold it.
+    busy_wait: float = 0.0
 
     @abc.abstractmethod
     def scan(self) -> Snapshot:
@@ -120,6 +135,10 @@ class ResourceKind(abc.ABC):
         Check again just before each destructive step; never raise for one resource's
         failure, report it in its Outcome.
         """
+
+    def lane(self, res: Resource) -> Hashable:
+        """The lane of `res`, where `lane_limit` is set."""
+        return None
 
     def what(self, res: Resource) -> str:
         """One resource, for people: "workdir /tmp/x", "hook 3f2a…: curl …"."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from exitwatch import cancel_hook, mark_workdir, on_death
-from exitwatch.contract import ENV_HOOK_DIR, HOOK_SUFFIX
+from exitwatch.contract import ENV_HOOK_DIR, HOOK_FILE
 
 from support.agentproc import Agent, free_port, scrape
 from support.procs import kill, spawn_owner, state, wait_for
@@ -84,14 +84,14 @@ def test_a_sigkilled_owners_hook_deletes_its_sandbox(hook_agent, sandboxes, spoo
     agent = hook_agent()
     owner = spawn_owner()
     hook_id = on_death(sandboxes.delete_argv("sbx-1"), pid=owner.pid)
-    assert (spool / f"{hook_id}{HOOK_SUFFIX}").stat().st_mode & 0o777 == 0o600
+    assert (spool / hook_id / HOOK_FILE).stat().st_mode & 0o777 == 0o600
     wait_for(lambda: hooks_held(agent, owner.pid), DEADLINE, "the agent to hold the hook")
     killed = time.monotonic()
     kill(owner)
     wait_for(lambda: "sbx-1" in sandboxes.deleted, DEADLINE, "the DELETE of sbx-1")
     assert sandboxes.deleted["sbx-1"] > killed
     # Ran once, and its file is gone for good.
-    wait_for(lambda: not (spool / f"{hook_id}{HOOK_SUFFIX}").exists(), DEADLINE, "the file gone")
+    wait_for(lambda: not (spool / hook_id).exists(), DEADLINE, "the hook gone")
     agent.wait_log(f"reaped hook {hook_id}")
     audit = Path(agent.flag("--audit-log"))
     entry = next(
@@ -172,7 +172,7 @@ def test_exitwatch_reap_runs_hooks(engine, sandboxes, spool, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "by-reap" in sandboxes.deleted
-    assert not (spool / f"{hook_id}{HOOK_SUFFIX}").exists()
+    assert not (spool / hook_id).exists()
 
 
 # Registers a hook as the unprivileged user, owned by this very process, which then execs
@@ -207,15 +207,15 @@ def test_a_users_hook_runs_as_that_user_and_no_more(hook_agent, spool, attacker)
         )
         assert proc.stdout is not None
         hook_id = proc.stdout.readline().decode().strip()
-        hook = spool / f"{hook_id}{HOOK_SUFFIX}"
-        assert hook.stat().st_uid == attacker.pw_uid
+        hook = spool / hook_id
+        assert hook.stat().st_uid == (hook / HOOK_FILE).stat().st_uid == attacker.pw_uid
         # Another user cannot take it away: the sticky bit, and cancel_hook's own check.
         with pytest.raises(PermissionError):
             cancel_hook(hook_id)
         roots = on_death(["true"], pid=os.getpid())
-        meddle = as_user(attacker, 'ls "$1"; rm -f "$1/$2.json"', str(spool), roots)
+        meddle = as_user(attacker, 'ls "$1"; rm -rf "$1/$2"; mv "$1/$2" "$1/.x"', str(spool), roots)
         assert meddle.wait(timeout=30) != 0
-        assert (spool / f"{roots}{HOOK_SUFFIX}").exists()
+        assert (spool / roots / HOOK_FILE).exists()
         assert cancel_hook(roots)
         wait_for(lambda: hooks_held(agent, proc.pid), DEADLINE, "the agent to hold the hook")
         proc.kill()
@@ -293,7 +293,7 @@ def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(hook_agent
     assert item["attempt"] == 2
     assert any(hook_id in what for what in item["what"])
     assert count.read_text() == "try\ntry\n"
-    assert (spool / f"{hook_id}{HOOK_SUFFIX}").exists()  # kept
+    assert (spool / hook_id / HOOK_FILE).exists()  # kept
     counters = agent.status()["counters"]
     assert (counters["hook_runs"], counters["hook_failures"], counters["gave_up"]) == (2, 2, 1)
     text = subprocess.run(
@@ -312,3 +312,31 @@ def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(hook_agent
         "exitwatch_removals_given_up_total 1.0",
     ):
         assert line in metrics, line
+
+
+def test_exitwatch_reap_refuses_a_symlinked_spool_in_the_words_of_on_death(
+    engine, spool, tmp_path, monkeypatch
+):
+    """The same rule on both sides (issue 18, defect 11): `exitwatch reap` exits 1 with
+    the line that `exitwatch on-death` gives for the same spool."""
+    link = tmp_path / "link"
+    link.symlink_to(spool)
+    monkeypatch.setenv(ENV_HOOK_DIR, str(link))
+    exitwatch = [sys.executable, "-m", "exitwatch"]
+    registered = subprocess.run(
+        [*exitwatch, "on-death", "--", "true"], capture_output=True, text=True, timeout=60
+    )
+    [why] = registered.stderr.splitlines()
+    assert registered.returncode == 1 and "it is a symlink" in why
+    flags = ["--docker-host", engine.host, "--workdir-root", str(tmp_path), "--hook-dir", str(link)]
+    reaped = subprocess.run(
+        [*exitwatch, "reap", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert reaped.returncode == 1
+    assert reaped.stderr.splitlines()[-1] == why.replace(
+        "Error: ", "Error: could not list the hooks: "
+    )
+    assert os.listdir(spool) == []

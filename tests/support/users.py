@@ -3,8 +3,11 @@ to act as it. The `attacker` fixture (tests/conftest.py) is built on these."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pwd
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +52,16 @@ def setpriv_argv(user: pwd.struct_passwd, *argv: str) -> list[str]:
     """`argv` to run with the user's real privileges (no root, no groups), without a shell."""
     ids = [f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
     return ["setpriv", *ids, *argv]
+
+
+@contextlib.contextmanager
+def temporary_user(prefix: str = "exitwatch-t") -> Iterator[pwd.struct_passwd]:
+    """A second unprivileged user (no home), named after this session's process so that
+    sessions side by side never share one; deleted afterwards."""
+    name = f"{prefix}{os.getpid()}"
+    argv = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
+    subprocess.run(argv, check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", "--force", name], check=False, capture_output=True)

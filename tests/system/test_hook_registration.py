@@ -12,9 +12,11 @@ import sys
 import pytest
 
 from exitwatch import cancel_hook, on_death
-from exitwatch.contract import HOOK_SUFFIX
+from exitwatch.contract import ENV_HOOK_DIR, HOOK_FILE
 
+from support.hooks import REPO
 from support.procs import kill, spawn_owner
+from support.users import SYSTEM_PYTHON, as_user
 
 
 def test_the_cli_registers_and_cancels(spool):
@@ -31,7 +33,14 @@ def test_the_cli_registers_and_cancels(spool):
             env=os.environ | {"TOKEN": "s3cret"},
         )
         hook_id = done.stdout.strip()
-        body = json.loads((spool / f"{hook_id}{HOOK_SUFFIX}").read_text())
+        # A directory of the caller's own, that only they (and root) may write to, holding
+        # a file of theirs; nothing else is left in the spool.
+        hook_dir = spool / hook_id
+        assert (hook_dir.stat().st_mode & 0o7777, hook_dir.stat().st_uid) == (0o700, os.getuid())
+        file = hook_dir / HOOK_FILE
+        assert (file.stat().st_mode & 0o7777, file.stat().st_uid) == (0o600, os.getuid())
+        assert os.listdir(spool) == [hook_id] and os.listdir(hook_dir) == [HOOK_FILE]
+        body = json.loads(file.read_text())
         env = {"A": "b", "TOKEN": "s3cret"}
         assert (body["argv"], body["env"], body["timeout"]) == (["true"], env, 60.0)
         unset = subprocess.run(
@@ -45,12 +54,12 @@ def test_the_cli_registers_and_cancels(spool):
         mine = subprocess.run(
             [*exitwatch, "on-death", "--", "true"], capture_output=True, text=True, check=True
         ).stdout.strip()
-        body = json.loads((spool / f"{mine}{HOOK_SUFFIX}").read_text())
+        body = json.loads((spool / mine / HOOK_FILE).read_text())
         assert body["owner"].split(":")[1] == str(os.getpid())
         assert body["cwd"] == os.getcwd()
         assert cancel_hook(mine)
         subprocess.run([*exitwatch, "on-death", "--cancel", hook_id], check=True)
-        assert not (spool / f"{hook_id}{HOOK_SUFFIX}").exists()
+        assert os.listdir(spool) == []  # cancelled, directory and all
         again = subprocess.run(
             [*exitwatch, "on-death", "--cancel", hook_id], capture_output=True, text=True
         )
@@ -79,3 +88,37 @@ def test_registering_refuses_what_the_agent_would_refuse(spool):
     with pytest.raises(ValueError):
         cancel_hook("../../etc/passwd")
     assert [p for p in spool.iterdir()] == []
+
+
+# As the user: on_death under the umask argv[2], printing the hook's id.
+_UNDER_UMASK = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+os.umask(int(sys.argv[2], 8))
+from exitwatch import on_death
+print(on_death(["true"]))
+"""
+
+
+def test_a_hook_is_the_callers_alone_whatever_the_umask(spool, attacker):
+    """The agent refuses a hook whose directory or file others could write to, and the
+    caller must open the directory it made: the modes are set past the umask, 0777
+    (nothing: a directory of mode 0000 its maker cannot open) and 0 (everything)."""
+    for mask in ("777", "0"):
+        proc = as_user(
+            attacker,
+            f'exec {SYSTEM_PYTHON} -I -S -c "$@"',
+            _UNDER_UMASK,
+            str(REPO),
+            mask,
+            stdout=subprocess.PIPE,
+            env={ENV_HOOK_DIR: str(spool)},
+        )
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, mask
+        hook_dir = spool / out.decode().strip()
+        modes = (hook_dir.stat().st_mode & 0o7777, (hook_dir / HOOK_FILE).stat().st_mode & 0o7777)
+        assert modes == (0o700, 0o600), mask
+        assert (hook_dir.stat().st_uid, (hook_dir / HOOK_FILE).stat().st_uid) == (
+            attacker.pw_uid,
+        ) * 2

@@ -1,13 +1,13 @@
-"""The checks a hook file and its spool must pass (contract.py's hook_problem and
-spool_problem, kinds/hooks/file.py's read_hook and check_spool), on decoded bodies, on
+"""The checks a hook and its spool must pass (contract.py's hook_problem, spool_problem
+and open_spool, kinds/hooks/file.py's read_hook and spool_fd), on decoded bodies, on
 stats, and on files of the test's own in a directory of its own, as any user.
 system/test_hook_files.py has the same on root's real spool, with other users and mounts."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -15,11 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from exitwatch.contract import HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT, hook_problem, spool_problem
-from exitwatch.kinds.hooks.file import HookError, check_spool, read_hook
+from exitwatch.contract import (
+    ENV_HOOK_DIR,
+    HOOK_FILE,
+    HOOK_MAX_BYTES,
+    HOOK_MAX_TIMEOUT,
+    cancel_hook,
+    hook_problem,
+    on_death,
+    open_spool,
+    spool_problem,
+)
+from exitwatch.kinds.hooks.file import HookError, read_hook, spool_fd
 from exitwatch.owner import owner_of
 
 OWNER = str(owner_of())
+TAMPER = "; others could tamper with hooks"
 
 
 def good(**over: object) -> dict:
@@ -119,15 +130,30 @@ def test_a_spool_not_a_directory_of_roots_is_refused():
     assert spool_problem(regular) == "it is not a directory owned by root"
 
 
-def test_check_spool_refuses_a_symlink_or_a_file(tmp_path):
+def test_a_symlink_is_refused_as_a_spool_by_both_sides(tmp_path, monkeypatch):
+    """on_death, cancel_hook and the agent open the spool alike (O_NOFOLLOW, then fstat):
+    a symlink or a file is refused by both, with the same words. (As a user other than
+    root, every directory here is refused too, for not being root's.)"""
     (tmp_path / "file").write_text("")
     (tmp_path / "link").symlink_to(tmp_path)
-    for name in ("file", "link"):
-        with pytest.raises(HookError, match=r"^it is not a directory owned by root$"):
-            check_spool(str(tmp_path / name))
+    for name, why in [
+        ("file", "it is not a directory owned by root"),
+        ("link", "it is a symlink, not a directory owned by root"),
+    ]:
+        path = str(tmp_path / name)
+        with pytest.raises(PermissionError) as err:
+            open_spool(path)
+        assert (err.value.errno, err.value.strerror) == (errno.EPERM, f"{why}{TAMPER}")
+        with pytest.raises(HookError, match=rf"^{why}{TAMPER}$"):
+            spool_fd(path)
+        monkeypatch.setenv(ENV_HOOK_DIR, path)
+        with pytest.raises(PermissionError, match=why):
+            on_death(["true"])
+        with pytest.raises(PermissionError, match=why):
+            cancel_hook("0" * 32)
 
 
-# -- read_hook: one file of a spool, as any user ------------------------------------------------
+# -- read_hook: one hook of a spool, as any user -------------------------------------------------
 
 
 @pytest.fixture
@@ -140,10 +166,18 @@ def spool(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         os.close(fd)
 
 
+def hook_id(n: int) -> str:
+    return f"{n:032x}"
+
+
 def write(path: Path, content: dict | bytes, mode: int = 0o600) -> Path:
-    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
-    os.chmod(path, mode)
-    return path
+    """A hook as on_death leaves one: `path` a directory of the caller's (0700) holding
+    hook.json with `content`."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    file = path / HOOK_FILE
+    file.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    os.chmod(file, mode)
+    return file
 
 
 def refusal(spool: tuple[Path, int], name: str) -> str:
@@ -152,72 +186,88 @@ def refusal(spool: tuple[Path, int], name: str) -> str:
     return str(err.value)
 
 
-def test_a_good_hook_file_is_read_with_who_owns_it(spool):
+def test_a_good_hook_is_read_with_who_owns_it(spool):
     top, fd = spool
-    name = f"{'a' * 32}.json"
+    name = "a" * 32
     write(top / name, good())
-    hook, body, hook_fd = read_hook(fd, name)
+    opened = read_hook(fd, name)
     try:
-        st = os.fstat(hook_fd)
-        assert body == json.loads((top / name).read_text())
+        hook, st = opened.hook, os.fstat(opened.fd)
+        assert opened.body == json.loads((top / name / HOOK_FILE).read_text())
         assert (hook.kind, hook.key, str(hook.owner)) == ("hook", name, OWNER)
         assert (hook.uid, hook.ino, hook.dev) == (os.getuid(), st.st_ino, st.st_dev)
+        assert hook.dir_ino == (top / name).stat().st_ino
         assert hook.name == f"{'a' * 32}: curl -X DELETE http://127.0.0.1/sandboxes/1"
     finally:
-        os.close(hook_fd)
+        opened.close()
 
 
 def test_what_the_index_shows_of_a_hook_is_short_and_printable(spool):
     top, fd = spool
-    write(top / "h.json", good(argv=["sh", "-c", "echo\nforged line\x1b[2J", "x" * 500]))
-    hook, _, hook_fd = read_hook(fd, "h.json")
-    os.close(hook_fd)
+    write(top / hook_id(1), good(argv=["sh", "-c", "echo\nforged line\x1b[2J", "x" * 500]))
+    opened = read_hook(fd, hook_id(1))
+    opened.close()
+    hook = opened.hook
     assert hook.name.isprintable() and "echo\\nforged line\\x1b[2J" in hook.name
     assert "x" * 200 not in hook.name  # its command's start, cut short
 
 
-def test_a_missing_hook_file_is_gone_not_refused(spool):
+def test_a_missing_hook_or_an_empty_hook_directory_is_gone_not_refused(spool):
     with pytest.raises(FileNotFoundError):
-        read_hook(spool[1], "none.json")
+        read_hook(spool[1], hook_id(1))
+    (spool[0] / hook_id(2)).mkdir(mode=0o700)
+    with pytest.raises(FileNotFoundError):
+        read_hook(spool[1], hook_id(2))
 
 
-def test_special_files_and_links_are_refused(spool):
+def test_what_is_not_a_hooks_own_directory_is_refused(spool):
     top, _ = spool
-    target = write(top / "target.json", good())
-    (top / "symlink.json").symlink_to(target)
-    os.mkfifo(top / "fifo.json", 0o600)
-    (top / "dir.json").mkdir()
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.bind(str(top / "socket.json"))
-        assert refusal(spool, "socket.json").startswith("it cannot be opened: ")
-    os.link(target, top / "linked.json")
-    assert refusal(spool, "symlink.json") == "it is a symlink"
-    assert refusal(spool, "fifo.json") == "it is a FIFO, not a regular file"  # never blocks
-    assert refusal(spool, "dir.json") == "it is a directory, not a regular file"
-    assert refusal(spool, "linked.json") == "it has 2 links, not 1"
+    target = write(top / hook_id(1), good())
+    (top / hook_id(2)).symlink_to(top / hook_id(1))
+    (top / f"{hook_id(3)}.json").write_text(json.dumps(good()))  # the old, flat layout
+    os.mkfifo(top / hook_id(4), 0o600)
+    write(top / "not-an-id", good())
+    write(top / hook_id(5), good())
+    os.chmod(top / hook_id(5), 0o770)
+    (top / hook_id(6)).mkdir(mode=0o700)
+    (top / hook_id(6) / HOOK_FILE).symlink_to(target)
+    (top / hook_id(7)).mkdir(mode=0o700)
+    os.mkfifo(top / hook_id(7) / HOOK_FILE, 0o600)  # never blocks
+    (top / hook_id(8)).mkdir(mode=0o700)
+    os.link(target, top / hook_id(8) / HOOK_FILE)
+    assert refusal(spool, hook_id(2)) == "it is a symlink"
+    assert refusal(spool, f"{hook_id(3)}.json").startswith(
+        "it is a hook file directly in the spool (the layout before hook directories)"
+    )
+    assert refusal(spool, hook_id(4)) == "it is a FIFO, not a hook's directory"
+    assert refusal(spool, "not-an-id") == "its name is not a hook id (32 hex digits)"
+    assert refusal(spool, hook_id(5)) == "its directory is writable by group or others (mode 0770)"
+    assert refusal(spool, hook_id(6)) == "its hook.json is a symlink"
+    assert refusal(spool, hook_id(7)) == "its hook.json is a FIFO, not a regular file"
+    assert refusal(spool, hook_id(8)) == "its hook.json has 2 links, not 1"
 
 
 @pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
 def test_a_hook_file_others_could_rewrite_is_refused(spool, mode):
-    write(spool[0] / "loose.json", good(), mode)
-    why = refusal(spool, "loose.json")
-    assert why == f"it is writable by group or others (mode {mode:04o})"
+    write(spool[0] / hook_id(1), good(), mode)
+    why = refusal(spool, hook_id(1))
+    assert why == f"its hook.json is writable by group or others (mode {mode:04o})"
 
 
 def test_a_hook_file_that_is_too_large_or_not_utf8_json_is_refused(spool):
     top, _ = spool
-    write(top / "large.json", good(argv=["true", "x" * HOOK_MAX_BYTES]))
-    write(top / "latin1.json", b'{"owner": "caf\xe9"}')
-    write(top / "half.json", b'{"owner": ')
-    write(top / "deep.json", b"[" * 4000)
-    assert refusal(spool, "large.json") == f"it is larger than {HOOK_MAX_BYTES} bytes"
-    for name in ("latin1.json", "half.json", "deep.json"):
-        assert refusal(spool, name) == "it is not UTF-8 JSON", name
+    write(top / hook_id(1), good(argv=["true", "x" * HOOK_MAX_BYTES]))
+    write(top / hook_id(2), b'{"owner": "caf\xe9"}')
+    write(top / hook_id(3), b'{"owner": ')
+    write(top / hook_id(4), b"[" * 4000)
+    assert refusal(spool, hook_id(1)) == f"it is larger than {HOOK_MAX_BYTES} bytes"
+    for n in (2, 3, 4):
+        assert refusal(spool, hook_id(n)) == "it is not UTF-8 JSON", n
 
 
 def test_a_hook_file_of_a_bad_shape_or_owner_is_refused_for_that(spool):
     top, _ = spool
-    write(top / "shape.json", good(timeout=0))
-    write(top / "owner.json", good(owner="1:2:3"))
-    assert refusal(spool, "shape.json") == hook_problem(good(timeout=0))
-    assert refusal(spool, "owner.json").startswith("it names a bad owner: ")
+    write(top / hook_id(1), good(timeout=0))
+    write(top / hook_id(2), good(owner="1:2:3"))
+    assert refusal(spool, hook_id(1)) == hook_problem(good(timeout=0))
+    assert refusal(spool, hook_id(2)).startswith("it names a bad owner: ")

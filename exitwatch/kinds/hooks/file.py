@@ -1,6 +1,10 @@
-"""A hook file: reading one without following a link or blocking on a FIFO, the checks it
-must pass to run (made again through the same descriptor just before it runs), and the
-spool it lives in."""
+"""A hook in the spool: its directory and its file, read without following a link or
+blocking on a FIFO; the checks they must pass to run (made again through the same
+descriptors just before it runs); and the spool they live in.
+
+A hook is `<spool>/<id>/hook.json`. It runs as the owner of its directory, and only if
+that user owns the file too: docs/design.md ("On-death hooks") says why.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,13 @@ import shlex
 import stat
 from dataclasses import dataclass
 
-from exitwatch.contract import HOOK_MAX_BYTES, HOOK_SUFFIX, hook_problem, spool_problem
+from exitwatch.contract import (
+    HOOK_FILE,
+    HOOK_MAX_BYTES,
+    hook_problem,
+    is_hook_id,
+    open_spool,
+)
 from exitwatch.kinds import fsops
 from exitwatch.kinds.base import Resource
 from exitwatch.kinds.fsops import printable
@@ -21,14 +31,14 @@ from exitwatch.owner import Owner, OwnerError
 
 KIND = "hook"
 SPOOL_MODE = 0o1733
-SPOOL_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_PIN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class HookError(ValueError):
-    """A hook file that is refused; the message says why. `lasting` is False where a later
-    look may find it good although the file did not change (a user database that failed
-    to answer, for one)."""
+    """A hook that is refused; the message says why. `lasting` is False where a later
+    look may find it good although nothing changed (a user database that failed to
+    answer, for one)."""
 
     def __init__(self, why: str, lasting: bool = True) -> None:
         super().__init__(why)
@@ -37,41 +47,86 @@ class HookError(ValueError):
 
 @dataclass(frozen=True)
 class Hook(Resource):
-    """A hook file as it was found: who owns the file, and which file it was. What it runs
-    is read again from the file when it runs; the index keeps only `name` (its id and
-    the start of its command), for people."""
+    """A hook as it was found: who owns it, and which directory and file it was. What it
+    runs is read again from the file when it runs; the index keeps only `name` (its id
+    and the start of its command), for people."""
 
     uid: int = -1
-    ino: int = 0
+    ino: int = 0  # of its file
     dev: int = 0
+    dir_ino: int = 0
 
 
-def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
-    """The hook in file `name` of the spool, its decoded body, and the file's descriptor
-    (the caller closes it). Raises FileNotFoundError when it is gone, HookError when it
-    is refused."""
+@dataclass
+class Opened:
+    """A hook read from the spool, with the descriptors of its directory and its file
+    (held while it runs: the file's lock, and the last checks, go through them)."""
+
+    hook: Hook
+    body: dict
+    dir_fd: int
+    fd: int
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.dir_fd)
+
+
+def entry_problem(name: str, st: os.stat_result) -> str | None:
+    """Why the spool entry `name` (its lstat or fstat `st`) is no hook's directory, or
+    None: what can be told without reading anything, so that it costs no more than the
+    listing."""
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symlink"
+    if stat.S_ISREG(st.st_mode) and name.endswith(".json"):
+        # A rename keeps a file's owner: nothing in a file says who put it in the spool.
+        return (
+            "it is a hook file directly in the spool (the layout before hook directories), "
+            "which never runs: register the hook again"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        return f"it is {fsops.file_type(st.st_mode)}, not a hook's directory"
+    if not is_hook_id(name):
+        return "its name is not a hook id (32 hex digits)"
+    if st.st_mode & 0o022:
+        mode = stat.S_IMODE(st.st_mode)
+        return f"its directory is writable by group or others (mode {mode:04o})"
+    return None
+
+
+def read_hook(spool_fd: int, name: str) -> Opened:
+    """The hook in directory `name` of the spool, opened. Raises FileNotFoundError when
+    it is gone (or its directory holds no hook file: being removed, or cancelled), and
+    HookError when it is refused."""
+    # What cannot be opened now (a full fd table) may open later: such a refusal does not
+    # last.
     try:
-        fd = os.open(name, _OPEN, dir_fd=dir_fd)
+        pin = os.open(name, _PIN, dir_fd=spool_fd)
+    except FileNotFoundError:
+        raise
     except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise HookError("it is a symlink") from None
-        if err.errno == errno.ENOENT:
-            raise
-        raise HookError(f"it cannot be opened: {err.strerror}") from None
+        raise HookError(f"it cannot be opened: {err.strerror}", lasting=False) from None
     try:
-        st = check_file(fd, dir_fd)
-        data = b""
-        while len(data) <= HOOK_MAX_BYTES and (chunk := os.read(fd, HOOK_MAX_BYTES + 1)):
-            data += chunk
-        if len(data) > HOOK_MAX_BYTES:
-            raise HookError(f"it is larger than {HOOK_MAX_BYTES} bytes")
-        try:
-            body = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise HookError("it is not UTF-8 JSON") from None
-        problem = hook_problem(body)
+        st = os.fstat(pin)
+        problem = entry_problem(name, st)
         if problem is not None:
             raise HookError(problem)
+        _on_spool_mount(pin, spool_fd, "its directory")
+        # The very directory just checked, opened to be read.
+        try:
+            dir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pin)
+        except OSError as err:
+            raise HookError(f"it cannot be opened: {err.strerror}", lasting=False) from None
+    finally:
+        os.close(pin)
+    try:
+        fd = _open_file(dir_fd)
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    try:
+        file_st = check_file(fd, spool_fd, st)
+        body = _body(fd)
         try:
             owner = Owner.parse(body["owner"])
         except OwnerError as err:
@@ -84,33 +139,89 @@ def read_hook(dir_fd: int, name: str) -> tuple[Hook, dict, int]:
             raise HookError(why, lasting=False) from None
     except BaseException:
         os.close(fd)
+        os.close(dir_fd)
         raise
-    hook_id = name.removesuffix(HOOK_SUFFIX)
-    shown = printable(f"{hook_id}: {shlex.join(body['argv'])}"[:200])
-    hook = Hook(KIND, name, owner, shown, None, st.st_uid, st.st_ino, st.st_dev)
-    return hook, body, fd
+    shown = printable(f"{name}: {shlex.join(body['argv'])}"[:200])
+    hook = Hook(KIND, name, owner, shown, None, st.st_uid, file_st.st_ino, st.st_dev, st.st_ino)
+    return Opened(hook, body, dir_fd, fd)
 
 
-def check_file(fd: int, dir_fd: int) -> os.stat_result:
-    """The stat of an open hook file of the spool `dir_fd`, or HookError for one that must
-    not run.
+def _open_file(dir_fd: int) -> int:
+    try:
+        return os.open(HOOK_FILE, _OPEN, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            raise
+        if err.errno == errno.ELOOP:
+            raise HookError(f"its {HOOK_FILE} is a symlink") from None
+        why = f"its {HOOK_FILE} cannot be opened: {err.strerror}"
+        raise HookError(why, lasting=False) from None
 
-    A file mounted over (a user's FUSE mount on their own hook file, a bind mount) is
-    answered for by whoever serves that mount, root's fstat included: uid 0, one link,
-    mode 0600 would all be the mount's word. So the file must lie on the spool's own
-    mount: the same device, and the same mount id (which a bind mount of a file from the
-    spool's own filesystem changes while the device stays).
+
+def _body(fd: int) -> dict:
+    data = b""
+    while len(data) <= HOOK_MAX_BYTES and (chunk := os.read(fd, HOOK_MAX_BYTES + 1)):
+        data += chunk
+    if len(data) > HOOK_MAX_BYTES:
+        raise HookError(f"it is larger than {HOOK_MAX_BYTES} bytes")
+    try:
+        body = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise HookError("it is not UTF-8 JSON") from None
+    problem = hook_problem(body)
+    if problem is not None:
+        raise HookError(problem)
+    return body
+
+
+def _on_spool_mount(fd: int, spool_fd: int, what: str) -> None:
+    """HookError unless `fd` lies on the spool's own mount.
+
+    A file or directory mounted over (a user's FUSE mount on their own hook, a bind
+    mount) is answered for by whoever serves that mount, root's fstat included: uid 0, one
+    link, mode 0600 would all be the mount's word. So it must lie on the spool's own
+    mount: the same device, and the same mount id (which a bind mount from the spool's
+    own filesystem changes while the device stays).
     """
+    if os.fstat(fd).st_dev != os.fstat(spool_fd).st_dev or (
+        fsops.mount_id(fd) != fsops.mount_id(spool_fd)
+    ):
+        raise HookError(f"{what} is mounted over: not on the spool's own filesystem")
+
+
+def check_file(fd: int, spool_fd: int, dir_st: os.stat_result) -> os.stat_result:
+    """The stat of an open hook file, whose directory's stat is `dir_st`, or HookError
+    for one that must not run."""
+    _on_spool_mount(fd, spool_fd, "it")
     st = os.fstat(fd)
-    if st.st_dev != os.fstat(dir_fd).st_dev or fsops.mount_id(fd) != fsops.mount_id(dir_fd):
-        raise HookError("it is mounted over: not on the spool's own filesystem")
     if not stat.S_ISREG(st.st_mode):
-        raise HookError(f"it is {fsops.file_type(st.st_mode)}, not a regular file")
+        raise HookError(f"its {HOOK_FILE} is {fsops.file_type(st.st_mode)}, not a regular file")
     if st.st_nlink != 1:
-        raise HookError(f"it has {st.st_nlink} links, not 1")
+        raise HookError(f"its {HOOK_FILE} has {st.st_nlink} links, not 1")
     if st.st_mode & 0o022:
-        raise HookError(f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+        mode = stat.S_IMODE(st.st_mode)
+        raise HookError(f"its {HOOK_FILE} is writable by group or others (mode {mode:04o})")
+    if st.st_uid != dir_st.st_uid:
+        # Moved in by the directory's owner: it says nothing of who wrote it.
+        raise HookError(
+            f"its {HOOK_FILE} belongs to uid {st.st_uid}, not to uid {dir_st.st_uid}, "
+            "who owns its directory"
+        )
     return st
+
+
+def check_again(opened: Opened, spool_fd: int) -> None:
+    """The last look before a hook runs, through its descriptors: the directory and the
+    file read are the ones checked, and they still pass. Raises HookError."""
+    dir_st = os.fstat(opened.dir_fd)
+    problem = entry_problem(opened.hook.key, dir_st)
+    if problem is not None:
+        raise HookError(problem)
+    _on_spool_mount(opened.dir_fd, spool_fd, "its directory")
+    st = check_file(opened.fd, spool_fd, dir_st)
+    hook = opened.hook
+    if (dir_st.st_ino, dir_st.st_uid, st.st_ino) != (hook.dir_ino, hook.uid, hook.ino):
+        raise HookError("it changed while being read")
 
 
 def ensure_spool(path: str) -> None:
@@ -123,11 +234,34 @@ def ensure_spool(path: str) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
         os.chmod(path, SPOOL_MODE)  # past the umask
-    check_spool(path)
+    os.close(spool_fd(path))
 
 
-def check_spool(path: str) -> None:
-    """HookError for a spool that others could tamper with (see spool_problem)."""
-    problem = spool_problem(os.lstat(path))
-    if problem is not None:
-        raise HookError(problem)
+def spool_fd(path: str) -> int:
+    """The spool, opened to be listed, as on_death opens it (contract.open_spool). Raises
+    HookError for one that others could tamper with, OSError when it cannot be opened."""
+    try:
+        return open_spool(path, readable=True)
+    except PermissionError as err:
+        if err.errno != errno.EPERM:
+            raise
+        raise HookError(err.strerror) from None
+
+
+def remove_hook(spool_fd: int, opened: Opened) -> None:
+    """Remove a hook that ran: its file, if its name still leads to it, then its directory
+    if its name still leads to it and it is empty now (its owner may have put a new hook
+    in its place meanwhile, which is theirs to keep). Raises OSError."""
+    hook = opened.hook
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(HOOK_FILE, dir_fd=opened.dir_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == (hook.dev, hook.ino):
+            os.unlink(HOOK_FILE, dir_fd=opened.dir_fd)
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(hook.key, dir_fd=spool_fd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) == (hook.dev, hook.dir_ino):
+            try:
+                os.rmdir(hook.key, dir_fd=spool_fd)
+            except OSError as err:
+                if err.errno != errno.ENOTEMPTY:
+                    raise

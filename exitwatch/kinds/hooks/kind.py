@@ -1,19 +1,19 @@
-"""On-death hooks: files in a spool, each naming an owner and a command. "Removing" one is
-running its command as the file's owner, and deleting the file once it succeeded.
+"""On-death hooks: directories in a spool, each holding a file that names an owner and a
+command. "Removing" one is running its command as the directory's owner, and deleting it
+once it succeeded.
 
-A hook runs as whoever owns its file, and at least once: the file goes only after its
-command succeeded. docs/design.md ("On-death hooks") gives the spool's rules and why.
+A hook runs as whoever owns its directory (and its file), and at least once: it goes only
+after its command succeeded. docs/design.md ("On-death hooks") gives the spool's rules and
+why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
 import pwd
-import threading
-import time
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -24,13 +24,14 @@ from exitwatch.kinds.fsops import printable
 from exitwatch.kinds.hooks import spawn
 from exitwatch.kinds.hooks.file import (
     KIND,
-    SPOOL_OPEN,
     Hook,
     HookError,
-    check_file,
-    check_spool,
+    Opened,
+    check_again,
     ensure_spool,
     read_hook,
+    remove_hook,
+    spool_fd,
 )
 from exitwatch.kinds.hooks.spool import Spool
 from exitwatch.owner import Owner
@@ -40,10 +41,14 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 # Hooks run on workers of their own, never the agent's removal pool: a hook may run for
 # up to its timeout, and hung ones must not hold up the removal of containers and workdirs.
-JOBS = 16  # dead owners whose hooks run at once
-PARALLEL = 8  # hooks of one owner run at once
-PER_UID = 8  # hooks of one user run at once, whatever their owners
-LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0  # for another exitwatch process running the same hook
+JOBS = 16  # hooks run at once
+# Hooks of one user run at once, whatever their owners: the agent's lane of a hook is its
+# user, and a hook whose user has PER_UID running waits in the agent's queue, holding no
+# worker, so one user's hooks can hold at most PER_UID of the JOBS workers.
+PER_UID = 8
+# How long a hook's lock may be held by someone else before that counts as a failed
+# attempt: another exitwatch process runs a hook for up to its timeout.
+LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0
 _SELF_GONE = inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_IGNORED
 
 
@@ -52,27 +57,24 @@ class Hooks(ResourceKind):
 
     kind = KIND
     ages_pending = False  # a hook may rightly run for up to an hour
+    lane_limit = PER_UID
+    busy_wait = LOCK_WAIT
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hook-run")
-        self._slots: dict[int, threading.BoundedSemaphore] = {}
-        self._slots_lock = threading.Lock()
+        # Shared by discovery and the scans: one user's entries are remembered (and warned
+        # about) once, however often the spool is listed.
+        self._spool = Spool(path)
         self._discovery = discovery.Discovery("hook discovery", "exitwatch-hooks")
+
+    def lane(self, res: Resource) -> Hashable:
+        return res.uid if isinstance(res, Hook) else None
 
     def scan(self) -> Snapshot:
         """Every hook now. Raises OSError or HookError when the spool cannot be listed: an
         empty listing would read as every hook gone."""
-        # `exitwatch reap` has not made the spool, as the agent has: it checks it.
-        try:
-            check_spool(self.path)
-        except FileNotFoundError:
-            return Snapshot(KIND, ())
-        except OSError as err:
-            raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
-        except HookError as err:
-            raise HookError(f"hook spool {printable(self.path)}: {err}") from None
-        found = Spool(self.path).list()
+        found = self._spool.list()
         return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
 
     def start(self, notify: Notify) -> None:
@@ -91,25 +93,26 @@ class Hooks(ResourceKind):
     def _follow(self, notify: Notify, stop_fd: int) -> None:
         """A Snapshot, then Found and Gone as the spool changes. With inotify, the names an
         event gives are looked at again, not the whole spool (a change that raises no
-        event, a chmod, is seen at the file's next event or the next whole listing); a
-        file that did not change is never read again."""
-        spool = Spool(self.path)
+        event, a chmod or one inside a hook's directory, is seen at the entry's next event
+        or the next whole listing, and everything is checked again before a hook runs);
+        an entry that did not change is never read again."""
+        spool = self._spool
         known: dict[str, Hook] | None = None
         changed: set[str] | None = None  # None: list the whole spool
         ino = None
         try:
             ino = inotify.Inotify()
-            dir_fd = os.open(self.path, SPOOL_OPEN)
+            dir_fd = spool_fd(self.path)
             try:
                 ino.watch(dir_fd, self.path, 0)
             finally:
                 os.close(dir_fd)
             log.info("following hooks in %s with inotify", printable(self.path))
-        except OSError as err:
+        except (OSError, HookError) as err:
             log.warning(
                 "hook discovery falls back to rescans every %gs: %s",
                 POLL_INTERVAL,
-                err.strerror or err,
+                getattr(err, "strerror", None) or err,
             )
             if ino is not None:
                 ino.close()
@@ -123,12 +126,12 @@ class Hooks(ResourceKind):
                 except Exception as err:  # it must not die, or no hook is seen again
                     # What was known stands: a listing that failed says nothing of the hooks.
                     if not failing:
-                        if isinstance(err, OSError):
+                        if isinstance(err, OSError | HookError):
                             log.warning("%s; trying again every %gs", err, POLL_INTERVAL)
                         else:
                             log.exception("listing the hook spool failed; trying again")
                     failing = True
-                    spool = Spool(self.path)  # what it knew may be half updated
+                    spool.reset()  # what it knew may be half updated
                     found = known or {}
                 if known is None:
                     notify(Snapshot(KIND, tuple(found[n] for n in sorted(found))))
@@ -169,90 +172,86 @@ class Hooks(ResourceKind):
     def remove(
         self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
     ) -> list[Outcome]:
+        """Run the hooks, one after another: the agent hands over one per job (a lane of
+        its user), so that hooks run side by side on its workers, PER_UID of a user."""
         try:
-            dir_fd = os.open(self.path, SPOOL_OPEN)
-        except OSError as err:
-            why = f"failed: spool {printable(self.path)}: {err.strerror}"
+            dir_fd = spool_fd(self.path)
+        except (OSError, HookError) as err:
+            why = f"failed: spool {printable(self.path)}: {getattr(err, 'strerror', None) or err}"
             return [Outcome.failed(self.what(r), KIND, why, key=r.key) for r in resources]
-
-        def one(res: Resource) -> Outcome:
-            # Each says which hook it is about, so that only the hooks that failed are retried.
-            try:
-                outcome = self._run_one(dir_fd, owner, res, dry_run, how)
-            except Exception as err:  # one hook's surprise must not cost the others theirs
-                log.error("%s: cannot run: %s: %s", self.what(res), type(err).__name__, err)
-                why = f"failed: {type(err).__name__}: {err}"
-                outcome = Outcome.failed(self.what(res), KIND, why, counts=("hook_failures",))
-            return replace(outcome, key=res.key)
-
         try:
-            if len(resources) == 1:
-                return [one(resources[0])]
-            # Side by side: one hook that hangs until its timeout holds up none of the others.
-            with ThreadPoolExecutor(min(len(resources), PARALLEL)) as pool:
-                return list(pool.map(one, resources))
+            return [self._one(dir_fd, owner, res, dry_run, how) for res in resources]
         finally:
             os.close(dir_fd)
+
+    def _one(self, dir_fd: int, owner: Owner, res: Resource, dry_run: bool, how: str) -> Outcome:
+        # Each says which hook it is about, so that only the hooks that failed are retried.
+        try:
+            outcome = self._run_one(dir_fd, owner, res, dry_run, how)
+        except Exception as err:  # one hook's surprise must not cost the others theirs
+            log.error("%s: cannot run: %s: %s", self.what(res), type(err).__name__, err)
+            why = f"failed: {type(err).__name__}: {err}"
+            outcome = Outcome.failed(self.what(res), KIND, why, counts=("hook_failures",))
+        return replace(outcome, key=res.key)
 
     def _run_one(
         self, dir_fd: int, owner: Owner, res: Resource, dry_run: bool, how: str
     ) -> Outcome:
         what = self.what(res)
         try:
-            hook, body, fd = read_hook(dir_fd, res.key)
+            opened = read_hook(dir_fd, res.key)
         except FileNotFoundError:
             return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
         except HookError as err:
             log.warning("%s: refused: %s", what, err)
             return Outcome.refusal(what, KIND, str(err))
         try:
-            expected = (getattr(res, "dev", 0), getattr(res, "ino", 0), getattr(res, "uid", -1))
-            if (hook.dev, hook.ino, hook.uid) != expected:
-                return _refuse(what, "it was replaced since it was found")
-            if hook.owner != owner:
-                return _refuse(what, f"it now names owner {hook.owner}, not {owner}")
-            if dry_run:
-                return Outcome.done(what, KIND, "would run")
+            return self._run_opened(dir_fd, owner, res, opened, dry_run, how)
+        finally:
+            opened.close()  # and with it the lock, once the hook is gone (or kept for a retry)
+
+    def _run_opened(
+        self, dir_fd: int, owner: Owner, res: Resource, opened: Opened, dry_run: bool, how: str
+    ) -> Outcome:
+        what, hook, body = self.what(res), opened.hook, opened.body
+        found = (getattr(res, "dev", 0), getattr(res, "ino", 0), getattr(res, "uid", -1))
+        if (hook.dev, hook.ino, hook.uid) != found or getattr(res, "dir_ino", 0) != hook.dir_ino:
+            return _refuse(what, "it was replaced since it was found")
+        if hook.owner != owner:
+            return _refuse(what, f"it now names owner {hook.owner}, not {owner}")
+        if dry_run:
+            return Outcome.done(what, KIND, "would run")
+        try:
             user = pwd.getpwuid(hook.uid)
             env = spawn.environment(user, body["env"])
             env |= {"EXITWATCH_DEAD_OWNER": str(owner), "EXITWATCH_DEATH": how}
             # `exitwatch reap` beside the agent (or the agent before a reload): whoever
-            # locks the file runs it; the other waits for it, on a hook worker, and then
-            # finds it gone (or failed, and runs it itself). No attempt is spent on waiting.
-            # The lock goes with the descriptor.
-            if not _lock(fd, LOCK_WAIT):
-                return Outcome.failed(what, KIND, "another exitwatch process is running it")
-            if os.fstat(fd).st_nlink == 0:  # the other ran it, and removed it, since we opened it
-                return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
-            # The last look, through the descriptor: the file read is the file checked.
+            # locks the file runs it. The other does not wait for the lock on a worker
+            # (its user can hold it too): it looks again later, and then finds it gone, or
+            # (failed) runs it itself. The lock goes with the descriptor.
             try:
-                st = check_file(fd, dir_fd)
+                fcntl.flock(opened.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return Outcome.later(what, KIND, "another process holds its lock")
+            if os.fstat(opened.fd).st_nlink == 0:  # the other ran it, and removed it
+                return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
+            # The last look, through the descriptors: what was read is what was checked.
+            try:
+                check_again(opened, dir_fd)
             except HookError as err:
                 return _refuse(what, str(err))
-            if (st.st_ino, st.st_uid) != (hook.ino, hook.uid):
-                return _refuse(what, "it changed while being read")
-            with self._slot(hook.uid):
-                ran = spawn.run_as(user, body["argv"], env, body["cwd"], body["timeout"])
-            return self._ran(dir_fd, what, res.key, hook, body["argv"][0], ran)
+            ran = spawn.run_as(user, body["argv"], env, body["cwd"], body["timeout"])
+            return self._ran(dir_fd, what, opened, body["argv"][0], ran)
         except (KeyError, OSError) as err:
             why = err.strerror if isinstance(err, OSError) else "its user vanished"
             log.warning("%s: cannot run: %s", what, why)
             return Outcome.failed(what, KIND, f"failed: {why}", counts=("hook_failures",))
-        finally:
-            os.close(fd)  # and with it the lock, once the file is gone (or kept for a retry)
 
-    def _slot(self, uid: int) -> threading.BoundedSemaphore:
-        """The PER_UID run slots of `uid`: how many hook processes one user has at once."""
-        with self._slots_lock:
-            return self._slots.setdefault(uid, threading.BoundedSemaphore(PER_UID))
-
-    def _ran(
-        self, dir_fd: int, what: str, name: str, hook: Hook, argv0: str, ran: spawn.Ran
-    ) -> Outcome:
+    def _ran(self, dir_fd: int, what: str, opened: Opened, argv0: str, ran: spawn.Ran) -> Outcome:
         extra = {
             "hook": {
                 "argv0": argv0,
-                "uid": hook.uid,
+                "uid": opened.hook.uid,
                 "returncode": ran.returncode,
                 "timed_out": ran.timed_out,
                 "seconds": round(ran.seconds, 3),
@@ -268,38 +267,15 @@ class Hooks(ResourceKind):
         detail = f"ran: {ran.describe()}"
         # Gone before success is told: nothing that reads the outcome can run it again.
         try:
-            _unlink_same(dir_fd, name, hook)
+            remove_hook(dir_fd, opened)
         except OSError as err:
-            # Not retried (it succeeded), but the file stays: the next reconcile or start
-            # runs it again.
-            log.error("%s: ran, but its file cannot be removed: %s", what, err.strerror)
-            detail += f"; its file cannot be removed ({err.strerror}) and it will run again"
+            # Not retried (it succeeded), but it stays: the next reconcile or start runs
+            # it again.
+            log.error("%s: ran, but it cannot be removed: %s", what, err.strerror)
+            detail += f"; it cannot be removed ({err.strerror}) and it will run again"
         return Outcome.done(what, KIND, detail, extra=extra, counts=tuple(counts))
-
-
-def _lock(fd: int, wait: float) -> bool:
-    """Lock the hook file, waiting up to `wait` seconds for whoever holds it."""
-    deadline, pause = time.monotonic() + wait, 0.05
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-        time.sleep(pause)  # a lock has no wakeup to wait on but a blocking flock, unbounded
-        pause = min(pause * 2, 1.0)
 
 
 def _refuse(what: str, why: str) -> Outcome:
     log.warning("%s: refused: %s", what, why)
     return Outcome.refusal(what, KIND, why)
-
-
-def _unlink_same(dir_fd: int, name: str, hook: Hook) -> None:
-    """Remove the hook's file if its name still leads to it (its owner may have put a new
-    hook in its place meanwhile, which is theirs to keep)."""
-    with contextlib.suppress(FileNotFoundError):
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if (st.st_dev, st.st_ino) == (hook.dev, hook.ino):
-            os.unlink(name, dir_fd=dir_fd)

@@ -1,132 +1,222 @@
-"""The hooks in the spool as discovery sees them: listed whole or by the names that
-changed, each file read again only when it changed, at most MAX_PER_UID per user."""
+"""The hooks in the spool as the kind sees them: listed whole or by the names that
+changed, each entry read again only when it changed, and bounded per user: what is
+remembered of one user's entries, and how many lines their refusals write."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import os
+import threading
+import time
+from dataclasses import dataclass
 
-from exitwatch.contract import HOOK_SUFFIX
+from exitwatch.contract import HOOK_FILE
 from exitwatch.kinds.fsops import printable
-from exitwatch.kinds.hooks.file import SPOOL_OPEN, Hook, HookError, read_hook
+from exitwatch.kinds.hooks.file import Hook, HookError, entry_problem, read_hook, spool_fd
 
 log = logging.getLogger(__name__)
 
-MAX_PER_UID = 1024  # hooks of one user the agent holds; more are refused with a warning
+# Hook directories of one user the agent reads and holds, good or refused: past them, that
+# user's entries are refused unread. Only a user (or root) can make a directory of theirs
+# in the spool that passes the entry checks, so no one can fill another's.
+MAX_PER_UID = 1024
+# Other entries of one uid (files, loose directories, bad names) remembered, so that they
+# are warned about once; past them, they are refused again at each whole listing. Anyone
+# can move a file of another uid's in, so these never count against the hooks above.
+MAX_STRAYS_PER_UID = 64
+WARN_LINES = 5  # refusal warnings of one uid per WARN_INTERVAL; then one line counting the rest
+WARN_INTERVAL = 60.0
+
+
+@dataclass(frozen=True)
+class _Entry:
+    uid: int
+    sig: tuple[int, ...]
+    hook: Hook | None  # None: refused, or an empty hook directory
+    stray: bool  # not a hook's directory: counted among the uid's strays
+    why: str = ""  # a refusal that may not last (looked at again at each listing)
+
+
+class Warnings:
+    """Refusal warnings, at most WARN_LINES per uid per WARN_INTERVAL, then one line that
+    counts the rest: one user's files cannot flood the journal. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # uid -> [window start, lines written, lines held back, summarized in this window]
+        self._windows: dict[int, list] = {}
+
+    def warn(self, uid: int, text: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            window = self._windows.get(uid)
+            if window is not None and now - window[0] >= WARN_INTERVAL:
+                self._summarize(uid, window)
+                window = None
+            if window is None:
+                window = self._windows[uid] = [now, 0, 0, False]
+            if window[1] < WARN_LINES:
+                window[1] += 1
+                log.warning("%s", text)
+            else:
+                window[2] += 1
+
+    def flush(self) -> None:
+        """After a listing: count what was held back, once per window as it is held back
+        and once as the window ends; forget the windows that ended."""
+        now = time.monotonic()
+        with self._lock:
+            for uid, window in list(self._windows.items()):
+                ended = now - window[0] >= WARN_INTERVAL
+                if window[2] and (ended or not window[3]):
+                    self._summarize(uid, window)
+                    window[3] = True
+                if ended:
+                    del self._windows[uid]
+
+    @staticmethod
+    def _summarize(uid: int, window: list) -> None:
+        if window[2]:
+            log.warning(
+                "hook spool: %d more entries of uid %d refused (at most %d warnings per uid "
+                "every %g s)",
+                window[2],
+                uid,
+                WARN_LINES,
+                WARN_INTERVAL,
+            )
+            window[2] = 0
 
 
 class Spool:
-    """The hooks in the spool, read again only when a file changed. One per thread."""
+    """The hooks in the spool, each entry read again only when it changed. Thread-safe:
+    the kind's discovery thread and its scans share one."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._seen: dict[str, tuple[tuple[int, ...], Hook | None]] = {}
-        self._found: dict[str, Hook] = {}  # every good hook, before the per-user cap
-        self._warned: dict[str, str] = {}  # name: refusal, for refusals not cached in _seen
-        self._capped: set[str] = set()  # names left out as over their user's MAX_PER_UID
-        self._listed = False  # whether the whole spool was listed since it could not be
+        self.warnings = Warnings()
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything: the next listing is a whole one, every entry read anew."""
+        with self._lock:
+            self._entries: dict[str, _Entry] = {}
+            self._held: collections.Counter[int] = collections.Counter()  # hook dirs per uid
+            self._strays: collections.Counter[int] = collections.Counter()
+            self._listed = False  # whether the whole spool was listed since it could not be
 
     def list(self, changed: set[str] | None = None) -> dict[str, Hook]:
         """The good hooks in the spool: listed whole, or, given the names that changed
         since the last listing, with only those looked at again (and the refusals that
-        may not last). Raises OSError when the spool cannot be listed now (EMFILE, EACCES):
-        an empty answer would read as every hook gone."""
-        try:
-            dir_fd = os.open(self.path, SPOOL_OPEN)
-        except OSError as err:
-            self._listed = False
-            if err.errno == errno.ENOENT:  # no spool: truly no hooks
-                return {}
-            raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
-        try:
-            if changed is None or not self._listed:
-                return self._list(dir_fd)
-            for name in changed | self._warned.keys():
-                self._look(dir_fd, name)
-            return self._cap(self._found)
-        finally:
-            os.close(dir_fd)
+        may not last). Raises OSError (or HookError for a spool others could tamper
+        with) when the spool cannot be listed now: an empty answer would read as every
+        hook gone."""
+        with self._lock:
+            try:
+                dir_fd = spool_fd(self.path)
+            except OSError as err:
+                self._listed = False
+                if err.errno == errno.ENOENT:  # no spool: truly no hooks
+                    return {}
+                raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
+            except HookError as err:
+                self._listed = False
+                raise HookError(f"hook spool {printable(self.path)}: {err}") from None
+            try:
+                if changed is None or not self._listed:
+                    self._list(dir_fd)
+                else:
+                    again = {n for n, e in self._entries.items() if e.why}
+                    for name in sorted(changed | again):
+                        self._look(dir_fd, name)
+            finally:
+                os.close(dir_fd)
+                self.warnings.flush()
+            return {name: e.hook for name, e in self._entries.items() if e.hook is not None}
 
-    def _list(self, dir_fd: int) -> dict[str, Hook]:
+    def _list(self, dir_fd: int) -> None:
+        # Streamed, never held whole: 40,000 names of one user's would cost megabytes at
+        # every listing. What is remembered and was not seen has gone.
+        present = set()
         try:
-            names = set(os.listdir(dir_fd))
+            with os.scandir(dir_fd) as entries:
+                for entry in entries:
+                    self._look(dir_fd, entry.name)
+                    if entry.name in self._entries:
+                        present.add(entry.name)
         except OSError as err:
             self._listed = False
             raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
         self._listed = True
-        for name in (self._seen.keys() | self._found.keys() | self._warned.keys()) - names:
+        for name in self._entries.keys() - present:
             self._forget(name)
-        for name in names:
-            self._look(dir_fd, name)
-        return self._cap(self._found)
 
     def _look(self, dir_fd: int, name: str) -> None:
-        """Bring what is known of file `name` up to date; it is read again only if it
+        """Bring what is known of entry `name` up to date; it is read again only if it
         changed, or was refused for a reason that may not last."""
-        if name.startswith("."):  # a hook being written
+        if name.startswith("."):  # a hook being written, or cancelled
             return
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:  # gone
             self._forget(name)
             return
-        sig = (st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)
-        old = self._seen.get(name)
-        if old is not None and old[0] == sig:
+        problem = entry_problem(name, st)
+        sig = _sig(st)
+        if problem is None:
+            # And its file's: a change inside a hook's directory (a new file, a mount over
+            # it) leaves the directory's own stat as it was.
+            with contextlib.suppress(OSError):  # none: an empty hook directory
+                sig += _sig(os.stat(f"{name}/{HOOK_FILE}", dir_fd=dir_fd, follow_symlinks=False))
+        old = self._entries.get(name)
+        if old is not None and old.sig == sig and not old.why:
             return
-        self._seen.pop(name, None)
-        self._found.pop(name, None)
-        hook, lasting = self._read(dir_fd, name)
-        if lasting:
-            self._seen[name] = (sig, hook)
-        if hook is not None:
-            self._found[name] = hook
+        self._forget(name)
+        uid, where = st.st_uid, printable(os.path.join(self.path, name))
+        if problem is not None:
+            self.warnings.warn(uid, f"hook {where}: refused: {problem}")
+            if self._strays[uid] < MAX_STRAYS_PER_UID:
+                self._remember(name, _Entry(uid, sig, None, stray=True))
+            return
+        if self._held[uid] >= MAX_PER_UID:
+            # Neither read nor remembered: looked at again at the next whole listing (the
+            # periodic reconcile, a start, `exitwatch reap`), or when it changes.
+            self.warnings.warn(
+                uid, f"hook {where}: refused: uid {uid} has more than {MAX_PER_UID} hooks"
+            )
+            return
+        try:
+            opened = read_hook(dir_fd, name)
+        except FileNotFoundError:  # an empty hook directory: being removed, or cancelled
+            self._remember(name, _Entry(uid, sig, None, stray=False))
+            return
+        except HookError as err:
+            if err.lasting or old is None or old.why != str(err):
+                self.warnings.warn(uid, f"hook {where}: refused: {err}")
+            why = "" if err.lasting else str(err)
+            self._remember(name, _Entry(uid, sig, None, stray=False, why=why))
+            return
+        opened.close()
+        self._remember(name, _Entry(uid, sig, opened.hook, stray=False))
+
+    def _remember(self, name: str, entry: _Entry) -> None:
+        self._entries[name] = entry
+        (self._strays if entry.stray else self._held)[entry.uid] += 1
 
     def _forget(self, name: str) -> None:
-        self._seen.pop(name, None)
-        self._found.pop(name, None)
-        self._warned.pop(name, None)
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            return
+        counts = self._strays if entry.stray else self._held
+        counts[entry.uid] -= 1
+        if not counts[entry.uid]:
+            del counts[entry.uid]
 
-    def _cap(self, found: dict[str, Hook]) -> dict[str, Hook]:
-        """`found` without each user's hooks past the first MAX_PER_UID (by name): one
-        user's spool files cannot grow the agent's memory without end."""
-        held: collections.Counter[int] = collections.Counter()
-        capped = set()
-        for name in sorted(found):
-            held[found[name].uid] += 1
-            if held[found[name].uid] > MAX_PER_UID:
-                capped.add(name)
-                if name not in self._capped:
-                    where = printable(os.path.join(self.path, name))
-                    log.warning(
-                        "hook file %s: refused: uid %d has more than %d hooks",
-                        where,
-                        found[name].uid,
-                        MAX_PER_UID,
-                    )
-        self._capped = capped
-        return {n: h for n, h in found.items() if n not in capped}
 
-    def _read(self, dir_fd: int, name: str) -> tuple[Hook | None, bool]:
-        """The hook in `name`, or None; and whether that answer holds until the file
-        changes (a refusal that may not, such as an unanswered user lookup, is looked at
-        again at the next listing, and warned about once)."""
-        where = printable(os.path.join(self.path, name))
-        if not name.endswith(HOOK_SUFFIX):
-            log.warning("hook file %s: refused: its name does not end in %s", where, HOOK_SUFFIX)
-            return None, True
-        try:
-            hook, _, fd = read_hook(dir_fd, name)
-        except FileNotFoundError:
-            return None, True
-        except HookError as err:
-            if err.lasting or self._warned.get(name) != str(err):
-                log.warning("hook file %s: refused: %s", where, err)
-            if not err.lasting:
-                self._warned[name] = str(err)
-            return None, err.lasting
-        os.close(fd)
-        self._warned.pop(name, None)
-        return hook, True
+def _sig(st: os.stat_result) -> tuple[int, ...]:
+    """What changes when an entry does (read again only then)."""
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_size, st.st_mtime_ns)

@@ -282,9 +282,10 @@ def test_users_locks_on_their_own_hooks_hold_up_no_one_else(
     spool, attacker, other_user, third_user, agent_for, out
 ):
     """A and C each hold flock on 16 of their hook files, whose owners are dead (waited
-    for on workers, their 8 + 8 would take all 16). The agent does not wait for those
-    locks on its workers: B's hook starts at once, and A's and C's run once their locks
-    go, having spent no attempt on them (reap_attempts = 3: 0.5 s and 2 s apart)."""
+    for on workers, they would fill both users' lanes). The agent does not wait for those
+    locks on its workers: B's hook starts at once, so does an unlocked hook of A's, and
+    A's and C's locked ones run once their locks go, having spent no attempt on them
+    (reap_attempts = 3: 0.5 s and 2 s apart)."""
     agent = agent_for()
     holders = [
         as_user(
@@ -317,6 +318,12 @@ def test_users_locks_on_their_own_hooks_hold_up_no_one_else(
         took = time.monotonic() - registered
         print(f"B's hook started {took:.2f} s after it was registered")
         assert took < PROMPT, f"B's hook started {took:.1f} s after it was registered"
+        # Nor do A's locked hooks hold A's own slots: a hook of A's that is not locked runs
+        # at once too (waited for on workers, they would fill A's lane).
+        registered = time.monotonic()
+        register_as(attacker, spool, [f"touch {out}/free-0"])
+        wait_for((out / "free-0").exists, DEADLINE, "A's unlocked hook")
+        assert time.monotonic() - registered < PROMPT
         time.sleep(3)  # past every retry of an attempt-spending failure (0.5 s + 2 s)
         assert _started(out, "a-") == _started(out, "c-") == 0 and busy()
     finally:

@@ -41,11 +41,14 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 # Hooks run on workers of their own, never the agent's removal pool: a hook may run for
 # up to its timeout, and hung ones must not hold up the removal of containers and workdirs.
-JOBS = 16  # hooks run at once
 # Hooks of one user run at once, whatever their owners: the agent's lane of a hook is its
 # user, and a hook whose user has PER_UID running waits in the agent's queue, holding no
 # worker, so one user's hooks can hold at most PER_UID of the JOBS workers.
 PER_UID = 8
+# Hooks run at once, over all users: far above PER_UID, so that it takes JOBS / PER_UID
+# users each filling their lane to keep another user's hook waiting. A worker is a thread
+# waiting on its hook's process, made only when a hook runs.
+JOBS = 256
 # How long a hook's lock may be held by someone else before that counts as a failed
 # attempt: another exitwatch process runs a hook for up to its timeout.
 LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0

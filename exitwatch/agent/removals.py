@@ -26,6 +26,7 @@ from exitwatch.owner import Owner
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (kind, key) of one resource
+START_AGAIN = 1.0  # seconds before a removal whose thread could not be started is started
 Lane = tuple[str, Hashable]  # (kind, the kind's lane of a resource)
 BUSY_PAUSE_MAX = 30.0  # seconds between looks at a resource another process is at
 
@@ -209,7 +210,19 @@ class Removals:
             self._in_lane[lane] += 1
         token = next(self._tiebreak)
         pool = job.kind.executor or self._pool
-        self._running[token] = (pool.submit(self._reap, token, job), job)
+        try:
+            future = pool.submit(self._reap, token, job)
+        except RuntimeError as err:  # no thread can be started now (a pids limit, say)
+            # Says nothing of the removal: it stays under way, and is started again soon,
+            # with no attempt spent on it.
+            log.warning(
+                "cannot start the removal of %s now: %s; again in %g s", job.owner, err, START_AGAIN
+            )
+            if job.kind.lane_limit:
+                self._in_lane[(job.kind.kind, job.lane)] -= 1
+            heapq.heappush(self._retries, (time.monotonic() + START_AGAIN, token, job))
+            return
+        self._running[token] = (future, job)
 
     def _leave_lane(self, job: Job) -> None:
         """A job of a kind with lanes has ended: the next queued in its lane starts."""

@@ -179,3 +179,38 @@ def test_a_busy_resource_is_looked_at_again_without_spending_an_attempt_then_fai
     finally:
         jobs.shutdown(wait=True)
         kind.stop()
+
+
+class _NoThreadOnce(ThreadPoolExecutor):
+    """A pool that cannot start a thread the first time, as under a pids limit."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.refused = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        if not self.refused:
+            self.refused += 1
+            raise RuntimeError("can't start new thread")
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_job_whose_thread_cannot_be_started_stays_under_way_and_starts_later():
+    ended: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Things()
+    kind.executor = _NoThreadOnce()
+    jobs = Removals(Settings(), Recorder(), ended.put)
+    try:
+        jobs.start(DEAD, {"thing": kind}, [thing("x")], "killed", 0.0)
+        assert kind.executor.refused == 1 and kind.calls == []
+        assert jobs.under_way(("thing", "x")) and jobs.busy()
+        due = jobs.next_due()
+        assert due is not None
+        jobs.start_due(due)
+        done = ended.get(timeout=10)
+        assert done.job.attempt == 1  # no attempt spent on a thread that did not start
+        assert jobs.finished(done) == [thing("x")] and not jobs.under_way(("thing", "x"))
+        assert kind.calls == [["x"]]
+    finally:
+        jobs.shutdown(wait=True)
+        kind.executor.shutdown(wait=True)

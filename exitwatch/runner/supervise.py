@@ -25,6 +25,7 @@ from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN, mark_workdir
 from exitwatch.kinds.base import Outcome, Resource
 from exitwatch.owner import Owner, OwnerError, owner_of
+from exitwatch.runner.policy import Always
 from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, listen
 
 PR_SET_PDEATHSIG = 1
@@ -108,7 +109,7 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
         except OSError as err:
             where = os.path.dirname(err.filename or "") or "?"
             raise RunError(f"cannot make the run's directory in {where}: {err.strerror}") from None
-        proxy = Proxy(listener, engine, str(owner))
+        proxy = Proxy(listener, engine, Always(str(owner)))
         status = _supervise(argv, child_env, proxy, settings, old_mask)
         proxy.stop()
     finally:

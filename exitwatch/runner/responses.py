@@ -1,0 +1,256 @@
+"""The engine-to-client half of a proxied connection: the engine's responses, passed on byte
+for byte, read only as far as their framing, so that the proxy knows where each ends.
+
+That tells the request side two things. Whether the engine hijacked the connection: after
+a request that may hijack (attach, exec start, an Upgrade), a 101, or a 200 of a raw stream
+with no framing, means both directions are raw bytes from there on; any other answer is an
+HTTP response like the rest, and the next bytes from the client are a request again. And
+when every response so far has gone out, so that an answer of the proxy's own (100 Continue,
+a refusal) takes its place in the order of the answers.
+
+Bodies move with splice(2) where their length is known; a chunked body is read in the
+process only for its chunk sizes, its big chunks spliced too.
+"""
+
+from __future__ import annotations
+
+import collections
+import select
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from exitwatch.runner import relay
+
+CHUNK = 64 * 1024  # bytes per read of the engine's responses
+MAX_HEAD = 1024 * 1024  # a response head longer than this is not one the proxy reads
+MAX_LINE = 64 * 1024  # a chunk-size line or trailer longer than this, likewise
+SPLICE_FROM = 64 * 1024  # bytes of a body left to pass: spliced from this many on
+RAW_TYPES = (b"application/vnd.docker.raw-stream", b"application/vnd.docker.multiplexed-stream")
+
+
+# What the engine's side of the connection is: HTTP responses still; raw bytes, for good (a
+# hijack, or a body that ends with the connection: the engine reads no request after either);
+# or ended (closed, or bytes that are not HTTP as the proxy reads them, which pass on as they
+# are, while the engine may still read requests: none may follow).
+HTTP, RAW, ENDED = "http", "raw", "ended"
+
+
+class _Lost(Exception):
+    """The engine's bytes are not HTTP as the proxy reads it."""
+
+
+@dataclass
+class Expected:
+    """A request sent on, whose response is to come."""
+
+    head: bool  # a HEAD request: its response has no body, whatever it says
+    hijacking: bool  # the engine may hijack the connection in answer
+    answered: threading.Event = field(default_factory=threading.Event)
+
+
+class Responses:
+    """Passes the engine's responses on `upstream` to `client` (run() is the thread), and
+    tells the request side what it needs to know about them."""
+
+    def __init__(self, upstream: socket.socket, client: socket.socket) -> None:
+        self._up, self._client = upstream, client
+        self._buf = bytearray()  # read from the engine, not passed on yet
+        self._queue: collections.deque[Expected] = collections.deque()
+        self._cond = threading.Condition()
+        self.state = HTTP
+
+    # -- the request side's half ----------------------------------------------------------------
+
+    def expect(self, head: bool, hijacking: bool) -> Expected:
+        """Note a request about to be sent on (before it is: the answer may come at once)."""
+        item = Expected(head, hijacking)
+        with self._cond:
+            self._queue.append(item)
+        return item
+
+    def verdict(self, item: Expected) -> str:
+        """Wait for the response to `item`'s request to begin; the state it leaves: RAW if
+        the engine hijacked the connection."""
+        item.answered.wait()
+        return self.state
+
+    def wait_idle(self) -> bool:
+        """Wait until every response so far has gone out; False if the engine's side is no
+        longer HTTP, so that no answer of the proxy's own may follow."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._queue or self.state != HTTP)
+            return self.state == HTTP
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            try:
+                while self._response():
+                    pass
+            except _Lost:
+                self._raw(ENDED)
+            self._client.shutdown(socket.SHUT_WR)
+        except OSError:
+            relay.cut(self._up, self._client)
+        finally:
+            self._end(ENDED)
+
+    def _end(self, state: str) -> None:
+        with self._cond:
+            if self.state == HTTP:
+                self.state = state
+            for item in self._queue:
+                item.answered.set()
+            self._cond.notify_all()
+
+    def _raw(self, state: str) -> None:
+        """Pass everything from here on as it comes, until the engine closes."""
+        self._end(state)
+        self._flush(len(self._buf))
+        relay.copy(self._up, self._client, None)
+
+    def _response(self) -> bool:
+        """Pass one response on; False once the engine has closed or the bytes went raw."""
+        end = self._head_end()
+        if end is None:
+            self._flush(len(self._buf))
+            return False
+        status, fields = _parse_head(bytes(self._buf[:end]))
+        with self._cond:
+            if not self._queue:
+                raise _Lost()  # a response to no request: the two sides no longer agree
+            item = self._queue[0]
+        if 100 <= status < 200 and status != 101:
+            self._flush(end)  # an interim answer (100 Continue): the response is still to come
+            return True
+        raw = status == 101 or (
+            status == 200
+            and fields.get(b"content-type", b"").split(b";")[0].strip() in RAW_TYPES
+            and b"content-length" not in fields
+            and b"transfer-encoding" not in fields
+        )
+        if raw and (item.hijacking or status == 101):
+            self._raw(RAW)
+            return False
+        item.answered.set()
+        self._flush(end)
+        if item.head or status in (204, 304):
+            pass
+        elif b"transfer-encoding" in fields:
+            if fields[b"transfer-encoding"].split(b",")[-1].strip().lower() != b"chunked":
+                self._raw(RAW)  # a body that ends with the connection
+                return False
+            self._chunked()
+        elif b"content-length" in fields:
+            try:
+                length = int(fields[b"content-length"])
+            except ValueError:
+                raise _Lost() from None
+            self._skip(length)
+        else:
+            self._raw(RAW)
+            return False
+        with self._cond:
+            self._queue.popleft()
+            self._cond.notify_all()
+        return True
+
+    # -- reading the engine's bytes -------------------------------------------------------------
+
+    def _fill(self) -> bool:
+        """Read more from the engine into the buffer; False at its end. Waits first, so that
+        an idle connection holds no read buffer."""
+        poll = select.poll()
+        poll.register(self._up, select.POLLIN)
+        poll.poll()
+        data = self._up.recv(CHUNK)
+        self._buf += data
+        return bool(data)
+
+    def _flush(self, n: int) -> None:
+        """Pass the buffer's first `n` bytes on to the client."""
+        if n:
+            self._client.sendall(memoryview(self._buf)[:n])
+            del self._buf[:n]
+
+    def _head_end(self) -> int | None:
+        """The length of the response head at the start of the buffer, reading as needed;
+        None if the engine closed before one began."""
+        start = 0
+        while True:
+            at = self._buf.find(b"\r\n\r\n", start)
+            if at >= 0:
+                return at + 4
+            if len(self._buf) > MAX_HEAD:
+                raise _Lost()
+            start = max(0, len(self._buf) - 3)
+            if not self._fill():
+                if self._buf:
+                    raise _Lost()
+                return None
+
+    def _line(self) -> int:
+        """The length of the CRLF-ended line at the start of the buffer, reading as needed."""
+        start = 0
+        while True:
+            at = self._buf.find(b"\r\n", start)
+            if at >= 0:
+                return at + 2
+            if len(self._buf) > MAX_LINE:
+                raise _Lost()
+            start = max(0, len(self._buf) - 1)
+            if not self._fill():
+                raise _Lost()
+
+    def _skip(self, n: int) -> None:
+        """Pass `n` bytes of body on: from the buffer, then straight from socket to socket."""
+        while n:
+            if not self._buf:
+                if n >= SPLICE_FROM:
+                    if relay.copy(self._up, self._client, n) < n:
+                        raise _Lost()
+                    return
+                if not self._fill():
+                    raise _Lost()
+            take = min(n, len(self._buf))
+            self._flush(take)
+            n -= take
+
+    def _chunked(self) -> None:
+        """Pass a chunked body on, up to and with its last chunk and trailers."""
+        while True:
+            end = self._line()
+            size_text = bytes(self._buf[: end - 2]).split(b";")[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _Lost() from None
+            self._flush(end)
+            if size == 0:
+                while (end := self._line()) != 2:  # trailers, then an empty line
+                    self._flush(end)
+                self._flush(end)
+                return
+            self._skip(size)
+            end = self._line()
+            if end != 2:
+                raise _Lost()
+            self._flush(end)
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
+    """The status and the header fields (names in lower case; the last of a name wins) of a
+    response head. Raises _Lost for one that is not HTTP/1.x."""
+    lines = head[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise _Lost()
+    fields = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon:
+            raise _Lost()
+        fields[name.strip().lower()] = value.strip()
+    return int(parts[1]), fields

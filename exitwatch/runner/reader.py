@@ -31,7 +31,7 @@ CHUNK = 64 * 1024  # bytes per read of a request
 MAX_HEAD = 1024 * 1024  # the engine's own limit (Go's DefaultMaxHeaderBytes)
 MAX_BODY = 4 * 1024 * 1024  # bytes of a creation's body; a create config is a few KiB
 BUDGET = 2 * MAX_BODY  # bytes of creation bodies held at once, across connections
-BODY_DEADLINE = 30.0  # seconds for a creation's body to arrive once its bytes are reserved
+BODY_DEADLINE = 10.0  # seconds for a creation's body to arrive once its bytes are reserved
 DRAIN = (2.0, 8 * 1024 * 1024)  # what is read and dropped after a refusal, before closing
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -167,8 +167,7 @@ class Reader:
                 if not self.responses.wait_idle():
                     raise ConnectionAbortedError("the engine's side ended before the 100")
                 self.client.sendall(CONTINUE)
-            body = self._whole_body(conn)
-            self.pending = conn.trailing_data[0]
+            body = self._whole_body(conn, length)
             try:
                 with self.budget.parsing:
                     done = creation.label(found, body, self.owner)
@@ -182,12 +181,36 @@ class Reader:
             if done.was_empty and not any(n == b"content-type" for n, _ in request.headers):
                 framing.append((b"Content-Type", b"application/json"))
             drop = (b"expect",) if answer_100 else ()
+            head = _head(request, request.target, framing, drop)
             self.responses.expect(False, False)
-            self.upstream.sendall(_head(request, request.target, framing, drop) + done.body)
+            if len(done.body) > CHUNK:  # not copied once more to join them
+                self.upstream.sendall(head)
+                self.upstream.sendall(done.body)
+            else:
+                self.upstream.sendall(head + done.body)
 
-    def _whole_body(self, conn: h11.Connection) -> bytes:
-        body = bytearray()
+    def _whole_body(self, conn: h11.Connection, length: int | None) -> bytearray:
+        """A creation's body, read within BODY_DEADLINE into one buffer of its size (a
+        chunked one, through h11); what follows it stays pending."""
         deadline = time.monotonic() + BODY_DEADLINE
+        if length is None:
+            return self._chunked_body(conn, deadline)
+        rest = conn.trailing_data[0]
+        body = bytearray(length)
+        got = min(length, len(rest))
+        body[:got] = rest[:got]
+        self.pending = rest[got:]
+        view = memoryview(body)
+        while got < length:
+            self._readable(deadline)
+            n = self.client.recv_into(view[got:])
+            if not n:
+                raise ConnectionResetError("the client closed the connection inside a body")
+            got += n
+        return body
+
+    def _chunked_body(self, conn: h11.Connection, deadline: float) -> bytearray:
+        body = bytearray()
         while True:
             event = self._next(conn, bytearray(), deadline)
             if isinstance(event, h11.Data):
@@ -195,7 +218,8 @@ class Reader:
                 if len(body) > MAX_BODY:
                     raise _Refusal(413, _too_long("more"), close=True)
             elif isinstance(event, h11.EndOfMessage):
-                return bytes(body)
+                self.pending = conn.trailing_data[0]
+                return body
             else:
                 raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in a body")
 

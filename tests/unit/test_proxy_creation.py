@@ -10,7 +10,7 @@ import json
 import pytest
 
 from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
-from exitwatch.runner.creation import Refused, Volume, label
+from exitwatch.runner.creation import MAX_VALUES, Refused, Volume, label
 from exitwatch.runner.routes import Route
 
 OWNER = "b:1:2"
@@ -35,6 +35,11 @@ def test_what_python_and_go_both_read_alike_survives_the_round_trip() -> None:
     doc = labelled(body.encode())
     assert doc["Env"] == ["A=é", "B=é", "C=\ud800"]  # Go reads the lone surrogate as U+FFFD
     assert doc["N"] == 1.5 and doc["M"] == 12345678901234567890
+
+
+def test_a_body_of_as_many_values_as_the_proxy_reads_is_labelled() -> None:
+    body = b'{"Env": [%s]}' % b",".join([b'""'] * (MAX_VALUES - 1))
+    assert len(labelled(body)["Env"]) == MAX_VALUES - 1
 
 
 def test_no_body_is_an_empty_configuration_and_says_so() -> None:
@@ -74,6 +79,7 @@ def test_a_body_with_an_owner_or_asking_to_be_kept_passes_as_it_came(labels: dic
         (b'{"Memory": NaN}', "NaN is not JSON"),
         (b'{"Memory": -Infinity}', "Infinity is not JSON"),
         (b"[" * 100_000, "nests deeper"),
+        (b'{"Env": [%s]}' % b",".join([b'""'] * MAX_VALUES), "more than 131072 JSON values"),
         (b'{"Labels": "a string"}', "Labels is not an object"),
         (b'{"Labels": {"a": 1}}', "not a string"),
         (b'{"HostConfig": {"binds": ["v:/d"]}}', "'binds'"),

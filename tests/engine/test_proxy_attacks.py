@@ -6,6 +6,7 @@ error answer and nothing is created. Then Expect: 100-continue, and the body lim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -19,7 +20,7 @@ import pytest
 
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
-from exitwatch.runner.policy import Always
+from exitwatch.runner.policy import Always, Owner, Policy, Refuse
 from exitwatch.runner.proxy import Proxy, listen
 from exitwatch.runner.reader import MAX_BODY
 
@@ -27,17 +28,24 @@ OWNER = str(owner_of())
 DEADLINE = 30.0  # seconds for any one exchange: a hang fails the test instead of holding it
 
 
-@pytest.fixture
-def proxied(engine) -> Iterator[str]:
-    """The path of a run's socket in front of the private engine, labelling with OWNER."""
+@contextlib.contextmanager
+def serving(engine, policy: Policy) -> Iterator[str]:
+    """The path of a labelling socket in front of the private engine, with `policy`."""
     where = tempfile.mkdtemp(prefix="exitwatch-proxy-", dir="/tmp")
-    proxy = Proxy(listen(where), str(engine.socket), Always(OWNER))
+    proxy = Proxy(listen(where), str(engine.socket), policy)
     proxy.start()
     try:
         yield f"{where}/docker.sock"
     finally:
         proxy.stop()
         shutil.rmtree(where)
+
+
+@pytest.fixture
+def proxied(engine) -> Iterator[str]:
+    """A run's socket: every creation labelled with OWNER."""
+    with serving(engine, Always(OWNER)) as path:
+        yield path
 
 
 def exchange(path: str, data: bytes, count: int) -> list[tuple[int, bytes]]:
@@ -239,6 +247,34 @@ def demux(data: bytes) -> bytes:
         size = int.from_bytes(data[4:8], "big")
         out, data = out + data[8 : 8 + size], data[8 + size :]
     return out
+
+
+# -- the other answers a policy may give ------------------------------------------------------
+
+
+class Fixed:
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+
+    def owner_for(self, client: socket.socket) -> Owner:
+        return self.owner
+
+
+def test_a_connection_that_is_nobody_s_passes_through_untouched(engine) -> None:
+    with serving(engine, Fixed(None)) as path:
+        (answer,) = exchange(path, post(b"/containers/create?name=free", config(engine.image)), 1)
+    assert answer[0] == 201
+    assert containers(engine) == {"free": {}}
+
+
+def test_a_connection_of_an_unknown_owner_has_only_its_creations_refused(engine) -> None:
+    with serving(engine, Fixed(Refuse("its process is gone"))) as path:
+        ping = b"GET /_ping HTTP/1.1\r\nHost: x\r\n\r\n"
+        answers = exchange(path, ping + post(b"/volumes/create", b"{}") + ping, 3)
+    assert [status for status, _ in answers] == [200, 400]  # and the connection closed
+    message = json.loads(answers[1][1])["message"]
+    assert message == "exitwatch: creations are refused here: its process is gone"
+    assert volumes(engine) == []
 
 
 # -- Expect: 100-continue ----------------------------------------------------------------------

@@ -208,6 +208,18 @@ def test_a_null_volume_body_is_refused_where_the_engine_makes_a_volume(engine, p
     assert volumes(engine) == [{}]
 
 
+def test_a_named_volume_the_engine_refuses_refuses_the_create_as_directly(engine, proxied) -> None:
+    body = config(engine.image, HostConfig={"Binds": ["bad!name:/d"]})
+    (direct,) = exchange(str(engine.socket), post(b"/containers/create", body), 1)
+    (through,) = exchange(proxied, post(b"/containers/create", body), 1)
+    assert direct[0] == through[0] == 400
+    assert (
+        b"includes invalid characters" in direct[1] and b"includes invalid characters" in through[1]
+    )
+    assert json.loads(through[1])["message"].startswith("exitwatch: volume 'bad!name', created")
+    assert containers(engine) == {} and volumes(engine) == []
+
+
 def test_a_refusal_keeps_the_connection_for_the_next_request(engine, proxied) -> None:
     bad = post(b"/containers/create?name=bad", config(engine.image) + b"x")
     good = post(b"/containers/create?name=good", config(engine.image))

@@ -26,7 +26,8 @@ CREATES = r"""
 import json, os, socket, sys, threading
 path = os.environ["DOCKER_HOST"].removeprefix("unix://")
 image, size, values, parallel, rounds = sys.argv[1], *map(int, sys.argv[2:])
-long = {"Image": image, "Cmd": ["true"], "Env": ["V%d=%s" % (i, "x" * 4000) for i in range(size // 4010)]}
+env = ["V%d=%s" % (i, "x" * 4000) for i in range(size // 4010)]
+long = {"Image": image, "Cmd": ["true"], "Env": env}
 many = {"Image": image, "Cmd": ["true"], "Env": ["A="] * (values - 8)}
 bodies = [json.dumps(long).encode(), json.dumps(many).encode()]
 print("ready", flush=True)
@@ -36,8 +37,9 @@ def create(body):
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(120)
         s.connect(path)
-        s.sendall(b"POST /containers/create HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        s.sendall(b"POST /containers/create HTTP/1.1\r\nHost: d\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                  b"Connection: close\r\n\r\n" % len(body) + body)
         answer = b""
         while chunk := s.recv(65536):
             answer += chunk

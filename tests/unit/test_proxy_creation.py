@@ -1,7 +1,7 @@
 """The owner label on a creation's body (runner/creation.py): added where the engine will read
 it, the body refused wherever the proxy cannot be sure the engine reads it as Python's json
 does, and the named volumes a container create would make the engine create unlabelled.
-engine/test_proxy.py sends the same bodies to the real engine."""
+engine/test_proxy_attacks.py sends such bodies to the real engine."""
 
 from __future__ import annotations
 

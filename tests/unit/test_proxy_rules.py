@@ -1,7 +1,7 @@
 """The labelling socket in its pure rules: which engine it fronts, a socket path too long, the
 policy of `exitwatch run`, and which handler the engine runs for a request target
 (runner/routes.py, read as Go's net/http and gorilla/mux read it). creation.py's rules are
-in test_proxy_creation.py; engine/test_proxy.py proves each against the real engine."""
+in test_proxy_creation.py; engine/test_proxy_attacks.py tries them on the real engine."""
 
 from __future__ import annotations
 

@@ -18,11 +18,12 @@ import collections
 import select
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 from exitwatch.runner import relay
 
-CHUNK = 64 * 1024  # bytes per read of the engine's responses
+CHUNK = 256 * 1024  # bytes per read of the engine's responses
 MAX_HEAD = 1024 * 1024  # a response head longer than this is not one the proxy reads
 MAX_LINE = 64 * 1024  # a chunk-size line or trailer longer than this, likewise
 SPLICE_FROM = 64 * 1024  # bytes of a body left to pass: spliced from this many on
@@ -59,6 +60,7 @@ class Responses:
         self._queue: collections.deque[Expected] = collections.deque()
         self._cond = threading.Condition()
         self.state = HTTP
+        self._busy, self._small_at = False, float("-inf")  # see _fill
 
     # -- the request side's half ----------------------------------------------------------------
 
@@ -161,13 +163,31 @@ class Responses:
 
     def _fill(self) -> bool:
         """Read more from the engine into the buffer; False at its end. Waits first, so that
-        an idle connection holds no read buffer."""
+        an idle connection holds no read buffer. Small reads that follow each other
+        closely (a log stream's lines, one chunk each) make the next read wait a little
+        for more, as relay.copy does: a chunk at a time would cost a wake-up, a read and
+        a write each."""
         poll = select.poll()
         poll.register(self._up, select.POLLIN)
         poll.poll()
+        if self._busy:
+            time.sleep(relay.BATCH_PAUSE)
         data = self._up.recv(CHUNK)
         self._buf += data
+        self._busy = False
+        if len(data) < relay.SMALL_MOVE:
+            now = time.monotonic()
+            self._busy = now - self._small_at < relay.BUSY_GAP
+            self._small_at = now
         return bool(data)
+
+    def _more(self, pos: int) -> int:
+        """Pass the `pos` bytes read through on, then read more; the new place of what
+        followed them (0)."""
+        self._flush(pos)
+        if not self._fill():
+            raise _Lost()
+        return 0
 
     def _flush(self, n: int) -> None:
         """Pass the buffer's first `n` bytes on to the client."""
@@ -191,18 +211,14 @@ class Responses:
                     raise _Lost()
                 return None
 
-    def _line(self) -> int:
-        """The length of the CRLF-ended line at the start of the buffer, reading as needed."""
-        start = 0
-        while True:
-            at = self._buf.find(b"\r\n", start)
-            if at >= 0:
-                return at + 2
-            if len(self._buf) > MAX_LINE:
+    def _line_end(self, pos: int) -> tuple[int, int]:
+        """(the place of the CRLF ending the line at `pos`, the line's new start), reading
+        as needed."""
+        while (at := self._buf.find(b"\r\n", pos)) < 0:
+            if len(self._buf) - pos > MAX_LINE:
                 raise _Lost()
-            start = max(0, len(self._buf) - 1)
-            if not self._fill():
-                raise _Lost()
+            pos = self._more(pos)
+        return at, pos
 
     def _skip(self, n: int) -> None:
         """Pass `n` bytes of body on: from the buffer, then straight from socket to socket."""
@@ -219,25 +235,39 @@ class Responses:
             n -= take
 
     def _chunked(self) -> None:
-        """Pass a chunked body on, up to and with its last chunk and trailers."""
+        """Pass a chunked body on, up to and with its last chunk and trailers. The chunks
+        in the buffer are walked through, and passed on at once before each read."""
+        pos = 0  # where the next chunk starts: what is before it is read through
         while True:
-            end = self._line()
-            size_text = bytes(self._buf[: end - 2]).split(b";")[0].strip()
+            at, pos = self._line_end(pos)
             try:
-                size = int(size_text, 16)
+                size = int(self._buf[pos:at].split(b";")[0], 16)  # int() strips blanks
             except ValueError:
                 raise _Lost() from None
-            self._flush(end)
+            pos = at + 2
             if size == 0:
-                while (end := self._line()) != 2:  # trailers, then an empty line
-                    self._flush(end)
-                self._flush(end)
-                return
-            self._skip(size)
-            end = self._line()
-            if end != 2:
+                while True:  # trailers, then an empty line
+                    at, pos = self._line_end(pos)
+                    empty, pos = at == pos, at + 2
+                    if empty:
+                        self._flush(pos)
+                        return
+            end = pos + size + 2  # the data, then its CRLF
+            if end > len(self._buf):
+                # The chunk goes on past what was read: on, then straight through.
+                left = end - len(self._buf)
+                self._flush(len(self._buf))
+                if left - 2 >= SPLICE_FROM:
+                    if relay.copy(self._up, self._client, left - 2) < left - 2:
+                        raise _Lost()
+                    left = 2
+                while len(self._buf) < left:
+                    if not self._fill():
+                        raise _Lost()
+                end = left
+            if end >= 2 and self._buf[end - 2 : end] != b"\r\n":
                 raise _Lost()
-            self._flush(end)
+            pos = end
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:

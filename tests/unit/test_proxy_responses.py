@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -99,6 +100,26 @@ def test_sized_and_chunked_responses_pass_whole_and_each_is_counted(pair: Pair) 
         assert pair.read(len(data)) == data
         assert pair.idle()
     assert pair.responses.state == HTTP
+
+
+def test_a_chunked_response_cut_anywhere_is_passed_whole(pair: Pair) -> None:
+    data = chunked(b"a", b"bc", os.urandom(100), os.urandom(70_000), b"def", trailers=b"X: y\r\n")
+    data += ok(b"next")
+    pieces = [data[i : i + 5] for i in range(0, 400, 5)] + [data[400:-300]]
+    pieces += [data[i : i + 3] for i in range(len(data) - 300, len(data), 3)]
+
+    def trickle() -> None:
+        for piece in pieces:
+            pair.engine.sendall(piece)
+            time.sleep(0.0002)
+
+    pair.responses.expect(head=False, hijacking=False)
+    pair.responses.expect(head=False, hijacking=False)
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    assert pair.read(len(data)) == data
+    sender.join(DEADLINE)
+    assert pair.idle()
 
 
 def test_a_head_request_s_response_has_no_body_nor_have_204_and_304(pair: Pair) -> None:

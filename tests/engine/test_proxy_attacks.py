@@ -170,6 +170,31 @@ SHAPES: dict[str, Shape] = {
         2,
         "labelled",
     ),
+    # Framings h11 and Go both take, but might read apart: the head written again settles it.
+    "after a folded header": (
+        lambda i, n: (
+            b"GET /_ping HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n"
+            + post(b"/containers/create?name=" + n, config(i))
+        ),
+        2,
+        "labelled",
+    ),
+    "after bare LF line ends": (
+        lambda i, n: (
+            b"GET /_ping HTTP/1.1\nHost: x\n\n" + post(b"/containers/create?name=" + n, config(i))
+        ),
+        2,
+        "labelled",
+    ),
+    "after Transfer-Encoding and Content-Length both": (
+        lambda i, n: (
+            b"POST /_ping HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            + post(b"/containers/create?name=" + n, config(i))
+        ),
+        2,
+        "labelled",
+    ),
     "after a request h11 refuses": (
         lambda i, n: (
             b"GET /_ping?x=\xff HTTP/1.1\r\nHost: x\r\n\r\n"

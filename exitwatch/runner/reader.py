@@ -19,6 +19,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import h11
 
@@ -38,8 +39,9 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 class Budget:
     """Bytes that the connections of one proxy may hold of creation bodies at once. One that
-    cannot have its share waits for it before it reads its body, holding nothing more; each
-    share is held for at most BODY_DEADLINE plus the labelling, so none waits for long."""
+    cannot have its share waits for it before it reads its body, holding nothing more. A
+    share is held while its body arrives (BODY_DEADLINE at most), is labelled, and has its
+    named volumes created, so none waits for long."""
 
     def __init__(self, total: int = BUDGET) -> None:
         self._total, self._used = total, 0
@@ -47,7 +49,8 @@ class Budget:
         self.parsing = threading.Lock()  # one body parsed at a time: the parse's own memory
 
     @contextlib.contextmanager
-    def hold(self, n: int):
+    def hold(self, n: int) -> Iterator[None]:
+        """Hold `n` bytes of the budget (all of it, at most) for the `with` block."""
         n = min(n, self._total)
         with self._cond:
             self._cond.wait_for(lambda: self._used + n <= self._total)
@@ -94,7 +97,7 @@ class Reader:
                     return
             except _Refusal as refusal:
                 if not self._refuse(refusal):
-                    return
+                    break
             except _WentRaw:
                 break  # inside a body: what was read of it is lost to the stream
         if self.responses.state == RAW:
@@ -127,14 +130,18 @@ class Reader:
             self._forward(conn, event, found)
         return True
 
-    def _next(self, conn: h11.Connection, raw: bytearray, deadline: float | None = None):
+    def _next(
+        self, conn: h11.Connection, raw: bytearray | None = None, deadline: float | None = None
+    ) -> h11.Event:
+        """h11's next event, reading as needed (into `raw` too, if given)."""
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
             self._readable(deadline)
             data = self.client.recv(CHUNK)
-            raw += data
+            if raw is not None:
+                raw += data
             if self.responses.state == RAW:
                 raise _WentRaw()  # these bytes are the stream's, not a request's
             conn.receive_data(data)
@@ -212,7 +219,7 @@ class Reader:
     def _chunked_body(self, conn: h11.Connection, deadline: float) -> bytearray:
         body = bytearray()
         while True:
-            event = self._next(conn, bytearray(), deadline)
+            event = self._next(conn, None, deadline)
             if isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > MAX_BODY:
@@ -254,7 +261,7 @@ class Reader:
         """Send a chunked request on, in chunks of its own: h11 found where it ends."""
         self.upstream.sendall(_head(request, target, [(b"Transfer-Encoding", b"chunked")]))
         while True:
-            event = self._next(conn, bytearray())
+            event = self._next(conn)
             if isinstance(event, h11.Data):
                 if event.data:
                     self.upstream.sendall(b"%x\r\n%s\r\n" % (len(event.data), event.data))

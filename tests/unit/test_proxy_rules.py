@@ -1,17 +1,20 @@
 """The labelling socket in its pure rules: which engine it fronts, a socket path too long, the
-policy of `exitwatch run`, and which handler the engine runs for a request target
-(runner/routes.py, read as Go's net/http and gorilla/mux read it). creation.py's rules are
-in test_proxy_creation.py; engine/test_proxy_attacks.py tries them on the real engine."""
+policy of `exitwatch run`, the budget of creation bodies, and which handler the engine runs
+for a request target (runner/routes.py, read as Go's net/http and gorilla/mux read it).
+creation.py's rules are in test_proxy_creation.py; engine/test_proxy_attacks.py tries them
+on the real engine."""
 
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from exitwatch.runner.policy import Always
 from exitwatch.runner.proxy import ProxyError, engine_path, listen
+from exitwatch.runner.reader import Budget
 from exitwatch.runner.routes import Refused, Route, build_target, clean_path, request_path, route
 
 
@@ -34,6 +37,25 @@ def test_the_run_s_policy_is_one_owner_for_every_connection() -> None:
     a, b = socket.socketpair()
     with a, b:
         assert Always("x:1:2").owner_for(a) == Always("x:1:2").owner_for(b) == "x:1:2"
+
+
+def test_the_budget_makes_a_body_wait_for_its_share_and_no_longer() -> None:
+    budget = Budget(total=10)
+    got: list[str] = []
+
+    def second() -> None:
+        with budget.hold(6):
+            got.append("second")
+
+    with budget.hold(6), budget.hold(4):  # what is left fits at once
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        waiting.join(0.2)
+        assert waiting.is_alive() and got == []
+    waiting.join(10)
+    assert got == ["second"]
+    with budget.hold(1_000):  # more than the whole: the whole, so it never waits for good
+        pass
 
 
 @pytest.mark.parametrize(

@@ -342,7 +342,7 @@ def _head(
 
 
 def _answer(status: int, message: str, close: bool) -> bytes:
-    """An error answer as the engine's look, which the docker CLI prints."""
+    """An error answer like the engine's own, which the docker CLI prints."""
     body = json.dumps({"message": f"exitwatch: {message}"}).encode() + b"\n"
     try:
         reason = http.HTTPStatus(status).phrase

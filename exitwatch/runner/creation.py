@@ -49,7 +49,6 @@ class Volume:
 class Labelled:
     body: bytes | bytearray  # what to send on
     volumes: tuple[Volume, ...]  # to create, labelled, before the container
-    was_empty: bool  # the client sent no body: it may have sent no Content-Type either
 
 
 def label(route: Route, body: bytes | bytearray, owner: str) -> Labelled:
@@ -59,11 +58,10 @@ def label(route: Route, body: bytes | bytearray, owner: str) -> Labelled:
     doc = _decode(body)
     labels = _labels(doc, "Labels", "the body")
     if LABEL_OWNER in labels or kept(labels):
-        return Labelled(body, (), False)
+        return Labelled(body, ())
     doc["Labels"] = {**labels, LABEL_OWNER: owner}
     volumes = _volumes(doc, owner) if route is Route.CONTAINER_CREATE else ()
-    out = json.dumps(doc, separators=(",", ":")).encode()
-    return Labelled(out, volumes, not body.strip(_WHITESPACE.encode()))
+    return Labelled(json.dumps(doc, separators=(",", ":")).encode(), volumes)
 
 
 def _decode(body: bytes | bytearray) -> dict:
@@ -78,7 +76,8 @@ def _decode(body: bytes | bytearray) -> dict:
         raise Refused(f"the body is not UTF-8 (byte {err.start})") from None
     start = len(text) - len(text.lstrip(_WHITESPACE))
     if start == len(text):
-        return {}  # no body: the engine reads an empty configuration, or refuses one
+        # dockerd 20.10 refuses an empty body; later ones create a volume from it.
+        raise Refused("the body is empty: send {} for an empty configuration")
     decoder = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant)
     try:
         doc, end = decoder.raw_decode(text, start)

@@ -185,8 +185,6 @@ class Reader:
                 if problem:
                     raise _Refusal(*problem, close=False)
             framing = [(b"Content-Length", b"%d" % len(done.body))]
-            if done.was_empty and not any(n == b"content-type" for n, _ in request.headers):
-                framing.append((b"Content-Type", b"application/json"))
             drop = (b"expect",) if answer_100 else ()
             head = _head(request, request.target, framing, drop)
             self.responses.expect(False, False)

@@ -233,6 +233,13 @@ def test_a_null_volume_body_is_refused_where_the_engine_makes_a_volume(engine, p
     assert volumes(engine) == [{}]
 
 
+def test_an_empty_creation_body_is_refused(engine, proxied) -> None:
+    """dockerd 20.10 refuses it; later versions create a volume of a random name from it."""
+    (through,) = exchange(proxied, post(b"/volumes/create", b""), 1)
+    assert through[0] == 400 and b"exitwatch: the body is empty" in through[1]
+    assert volumes(engine) == []
+
+
 def test_a_named_volume_the_engine_refuses_refuses_the_create_as_directly(engine, proxied) -> None:
     body = config(engine.image, HostConfig={"Binds": ["bad!name:/d"]})
     (direct,) = exchange(str(engine.socket), post(b"/containers/create", body), 1)

@@ -42,14 +42,6 @@ def test_a_body_of_as_many_values_as_the_proxy_reads_is_labelled() -> None:
     assert len(labelled(body)["Env"]) == MAX_VALUES - 1
 
 
-def test_no_body_is_an_empty_configuration_and_says_so() -> None:
-    for body in (b"", b" \r\n"):
-        done = label(VOLUME, body, OWNER)
-        assert json.loads(done.body) == {"Labels": {LABEL_OWNER: OWNER}}
-        assert done.was_empty
-    assert not label(VOLUME, b"{}", OWNER).was_empty
-
-
 @pytest.mark.parametrize(
     "labels", [{LABEL_OWNER: "someone else"}, {LABEL_KEEP: "True"}, {LABEL_KEEP: " true "}]
 )
@@ -62,6 +54,8 @@ def test_a_body_with_an_owner_or_asking_to_be_kept_passes_as_it_came(labels: dic
 @pytest.mark.parametrize(
     "body, why",
     [
+        (b"", "the body is empty"),  # 20.10 refuses it, later engines make a volume of it
+        (b" \r\n", "the body is empty"),
         (b"null", "not an object"),
         (b"[1, 2]", "not an object"),
         (b'"x"', "not an object"),

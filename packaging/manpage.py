@@ -203,12 +203,23 @@ caller's own rights.
 .PP
 The socket forwards every connection to the engine the caller would have used, and adds
 .B exitwatch.owner=\fIowner\fR
-to the labels of every container, network and volume created through it; a request that
-names its own owner, or asks
+to the labels of every container, network and volume created through it, and creates,
+labelled, the named volumes a container create would make the engine create; a volume that
+existed before keeps its labels. A request that names its own owner, or asks
 .BR exitwatch.keep=true ,
 is left as it is. Everything else passes unchanged: attached and
 .B exec \-i
-streams, logs, events, cp, build, compose v1 and v2, the Python SDK.
+streams, logs, events, cp, build, compose v1 and v2, the Python SDK. A legacy build is
+asked to remove its intermediate containers even when a step fails, as
+.B docker build \-\-force\-rm
+does, unless it asked to keep them.
+.PP
+The socket reads each request as the engine will. Where it cannot be sure how the engine
+reads one, it refuses it with an error answer like the engine's own
+.RB ( "exitwatch: ..." ):
+400 for a creation body that is not one JSON object in UTF\-8, or that spells a field the
+socket reads otherwise than the engine names it, or twice; 413 for a creation body over
+4 MiB; 408 for one that has not come 10 s after its head.
 .PP
 When CMD ends, however it ends (SIGKILL and the OOM killer included), the wrapper sends
 SIGTERM to every process CMD left behind (it is their child subreaper, so those that called

@@ -26,6 +26,7 @@ from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner, OwnerError, owner_of
 from exitwatch.runner import dirs
+from exitwatch.runner.policy import Always
 from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, listen
 
 PR_SET_PDEATHSIG = 1
@@ -105,7 +106,7 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
             ) from None
         finally:
             bases.close()
-        proxy = Proxy(listener, engine, str(owner))
+        proxy = Proxy(listener, engine, Always(str(owner)))
         status = _supervise(argv, child_env, proxy, settings, old_mask)
         proxy.stop()
     finally:

@@ -22,6 +22,7 @@ import pytest
 
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
+from exitwatch.runner.policy import Always
 from exitwatch.runner.proxy import Proxy, listen
 
 from support import tools
@@ -34,7 +35,7 @@ CLIS = [p for p in ("/usr/local/bin/docker", "/usr/bin/docker") if os.access(p, 
 def proxied(engine) -> Iterator[str]:
     """The DOCKER_HOST of a run's socket in front of the private engine, labelling with OWNER."""
     where = tempfile.mkdtemp(prefix="exitwatch-proxy-", dir="/tmp")
-    proxy = Proxy(listen(where), str(engine.socket), OWNER)
+    proxy = Proxy(listen(where), str(engine.socket), Always(OWNER))
     proxy.start()
     try:
         yield f"unix://{where}/docker.sock"

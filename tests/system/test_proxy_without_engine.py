@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 
 from exitwatch.owner import owner_of
+from exitwatch.runner.policy import Always
 from exitwatch.runner.proxy import Proxy, listen
 
 OWNER = str(owner_of())
@@ -16,7 +17,7 @@ OWNER = str(owner_of())
 
 def test_no_engine_is_an_error_as_without_the_socket(tmp_path) -> None:
     where = tempfile.mkdtemp(prefix="exitwatch-proxy-", dir="/tmp")
-    proxy = Proxy(listen(where), str(tmp_path / "none.sock"), OWNER)
+    proxy = Proxy(listen(where), str(tmp_path / "none.sock"), Always(OWNER))
     proxy.start()
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}

@@ -1,0 +1,186 @@
+"""The owner label on a creation request's body, read as the engine reads it.
+
+The engine decodes the body with Go's encoding/json into its structs: it reads the first JSON
+value and ignores what follows it (dockerd 20.10; later versions refuse it), replaces
+invalid UTF-8 with U+FFFD, matches a key to a field case-insensitively (with Unicode's
+simple folding, so a long s, U+017F, reads as an s), and lets the last of two keys
+for one field win. Python's json reads each of these otherwise, so a body is labelled only
+when both must read it alike: one JSON object in UTF-8, every field that matters here
+spelt as the engine names it and only once, no key twice in any object. Anything else is
+refused (Refused) rather than passed on, as the engine might create from it unlabelled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exitwatch.contract import LABEL_OWNER, kept
+from exitwatch.runner.routes import Route
+
+_WHITESPACE = " \t\n\r"  # JSON's, the same for Go and Python
+# Python objects cost up to ~80 bytes for each value of a body ({} in a list), 20 times the
+# bytes: a body of more values than this is refused unread. A create config holds hundreds.
+MAX_VALUES = 1 << 17
+# Go folds a key as bytes.EqualFold does: ASCII letters by case, and the two runes whose
+# simple case folding reaches one, the long s and the Kelvin sign.
+_FOLD = str.maketrans(
+    {**{chr(c): chr(c - 32) for c in range(ord("a"), ord("z") + 1)}, "\u017f": "S", "\u212a": "K"}
+)
+_MISSING = object()
+
+
+class Refused(Exception):
+    """The body is not one the proxy can be sure the engine reads as it does; one line."""
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A named volume that a container create makes the engine create if it is missing."""
+
+    name: str
+    driver: str = ""
+    options: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Labelled:
+    body: bytes | bytearray  # what to send on
+    volumes: tuple[Volume, ...]  # to create, labelled, before the container
+
+
+def label(route: Route, body: bytes | bytearray, owner: str) -> Labelled:
+    """The creation body `body` for `route` with `owner` added to its labels, and the named
+    volumes a container create would make. A body that names an owner of its own or asks
+    to be kept is sent as it came, its volumes left to the engine. Raises Refused."""
+    doc = _decode(body)
+    labels = _labels(doc, "Labels", "the body")
+    if LABEL_OWNER in labels or kept(labels):
+        return Labelled(body, ())
+    doc["Labels"] = {**labels, LABEL_OWNER: owner}
+    volumes = _volumes(doc, owner) if route is Route.CONTAINER_CREATE else ()
+    return Labelled(json.dumps(doc, separators=(",", ":")).encode(), volumes)
+
+
+def _decode(body: bytes | bytearray) -> dict:
+    # Each value but the first follows a comma or an opening bracket: counted at C speed,
+    # those within strings too, which only errs on the side of refusing.
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if values > MAX_VALUES:
+        raise Refused(f"the body holds more than {MAX_VALUES} JSON values")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise Refused(f"the body is not UTF-8 (byte {err.start})") from None
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    if start == len(text):
+        # dockerd 20.10 refuses an empty body; later ones create a volume from it.
+        raise Refused("the body is empty: send {} for an empty configuration")
+    decoder = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant)
+    try:
+        doc, end = decoder.raw_decode(text, start)
+    except RecursionError:
+        raise Refused("the body nests deeper than the proxy reads") from None
+    except ValueError as err:
+        raise Refused(f"the body is not JSON: {err}") from None
+    if text[end:].strip(_WHITESPACE):
+        raise Refused(f"the body goes on after its JSON value (at character {end})")
+    if not isinstance(doc, dict):
+        raise Refused(f"the body is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    doc: dict = {}
+    for key, value in pairs:
+        if key in doc:
+            # Python keeps the last value where the first was; Go decodes both, in order.
+            raise ValueError(f"the key {key!r} comes twice in one object")
+        doc[key] = value
+    return doc
+
+
+def _constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _field(obj: dict, name: str, where: str) -> object:
+    """obj's value for the Go field `name`, _MISSING if none; Refused for a key that Go
+    reads as that field but that is spelt otherwise, or that comes with another such key."""
+    folded = name.translate(_FOLD)
+    keys = [k for k in obj if k.translate(_FOLD) == folded]
+    if not keys:
+        return _MISSING
+    if keys != [name]:
+        shown = ", ".join(repr(k) for k in keys)
+        raise Refused(f"{where}: the engine reads {shown} as its field {name!r}: write it once, so")
+    value = obj[name]
+    return _MISSING if value is None else value
+
+
+def _struct(obj: dict, name: str, where: str) -> dict:
+    value = _field(obj, name, where)
+    if value is _MISSING:
+        return {}
+    if not isinstance(value, dict):
+        raise Refused(f"{where}: {name} is not an object")
+    return value
+
+
+def _labels(obj: dict, name: str, where: str) -> dict[str, str]:
+    value = _struct(obj, name, where)
+    if not all(isinstance(v, str) for v in value.values()):
+        raise Refused(f"{where}: {name} has a value that is not a string")
+    return value
+
+
+def _list(obj: dict, name: str, where: str, kind: type) -> list:
+    value = _field(obj, name, where)
+    if value is _MISSING:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, kind | None) for v in value):
+        raise Refused(f"{where}: {name} is not a list of {kind.__name__} values")
+    return [v for v in value if v is not None]
+
+
+def _string(obj: dict, name: str, where: str) -> str:
+    value = _field(obj, name, where)
+    if value is _MISSING:
+        return ""
+    if not isinstance(value, str):
+        raise Refused(f"{where}: {name} is not a string")
+    return value
+
+
+def _volumes(doc: dict, owner: str) -> tuple[Volume, ...]:
+    """The named volumes of a container create's HostConfig: the Binds whose source is a
+    name (not an absolute path, as the engine's mount parser tells them), and the Mounts
+    of Type volume with a Source. Those whose own labels name an owner or ask to be kept
+    are the engine's to create."""
+    host = _struct(doc, "HostConfig", "the body")
+    where = "HostConfig"
+    found: dict[str, Volume] = {}
+    driver = _string(host, "VolumeDriver", where)
+    for bind in _list(host, "Binds", where, str):
+        parts = bind.split(":")
+        if len(parts) in (2, 3) and parts[0] and not parts[0].startswith("/"):
+            found.setdefault(parts[0], Volume(parts[0], driver))
+    for n, mount in enumerate(_list(host, "Mounts", where, dict)):
+        at = f"HostConfig.Mounts[{n}]"
+        source = _string(mount, "Source", at)
+        if _string(mount, "Type", at) != "volume" or not source:
+            continue
+        options = _struct(mount, "VolumeOptions", at)
+        at += ".VolumeOptions"
+        labels = _labels(options, "Labels", at)
+        config = _struct(options, "DriverConfig", at)
+        at += ".DriverConfig"
+        name, opts = _string(config, "Name", at), _labels(config, "Options", at)
+        if LABEL_OWNER not in labels and not kept(labels):
+            found.setdefault(source, Volume(source, name, opts, labels))
+    return tuple(
+        Volume(v.name, v.driver, v.options, {**v.labels, LABEL_OWNER: owner})
+        for v in found.values()
+    )

@@ -1,0 +1,141 @@
+"""Which of the engine's handlers a request reaches, read as the engine reads it: Go's
+net/http parses the request target (url.ParseRequestURI: an optional scheme and authority,
+the query cut off at the first "?", the path percent-decoded), and moby's router, a
+gorilla/mux Router, redirects a path that path.Clean would change and otherwise matches
+its routes against the decoded path, each route both bare and behind a "/v{version:[0-9.]+}"
+prefix. A target the proxy reads otherwise than the engine would be a creation passed on
+unlabelled, so this module follows that code step by step.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from urllib.parse import unquote_to_bytes
+
+_VERSION = r"(?:/v[0-9.]+)?"
+_BAD_ESCAPE = re.compile(r"%(?![0-9a-fA-F]{2})")  # a "%" that does not start an escape
+_GO_SPACE = " \t\n\v\f\r\x85\xa0"  # strings.TrimSpace, within what ToLower leaves
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+class Route(enum.Enum):
+    CONTAINER_CREATE = "container"
+    NETWORK_CREATE = "network"
+    VOLUME_CREATE = "volume"
+    BUILD = "build"
+    ATTACH = "attach"
+    EXEC_START = "exec start"
+    OTHER = "other"
+
+    @property
+    def creates(self) -> bool:
+        return self in (Route.CONTAINER_CREATE, Route.NETWORK_CREATE, Route.VOLUME_CREATE)
+
+
+# moby's routes for POST that matter here; `.*` is the router's {name:.*}, which, as in Go's
+# regexp, does not match a newline.
+_POST_ROUTES = [
+    (re.compile(_VERSION + r"/containers/create"), Route.CONTAINER_CREATE),
+    (re.compile(_VERSION + r"/networks/create"), Route.NETWORK_CREATE),
+    (re.compile(_VERSION + r"/volumes/create"), Route.VOLUME_CREATE),
+    (re.compile(_VERSION + r"/build"), Route.BUILD),
+    (re.compile(_VERSION + r"/containers/.*/attach"), Route.ATTACH),
+    (re.compile(_VERSION + r"/exec/.*/start"), Route.EXEC_START),
+]
+
+
+class Refused(Exception):
+    """The proxy cannot be sure how the engine reads this target; the message is one line."""
+
+
+def route(method: bytes, target: bytes) -> Route:
+    """The handler that the engine runs for `method` and `target` (as h11 gives them: visible
+    ASCII). Raises Refused for a target that the engine would refuse, or redirect to one of
+    the routes above: a client that follows the redirect sends a request of its own, but an
+    engine that cleaned the path instead would run the handler."""
+    path = request_path(target.decode("ascii"))
+    if path is None:
+        raise Refused(f"the request target {_shown(target)} is not one the engine can read")
+    clean = clean_path(path)
+    if method != b"POST":
+        return Route.OTHER
+    found = _match(clean)
+    if clean != path and found is not Route.OTHER:
+        raise Refused(
+            f"the request target {_shown(target)} reaches {found.value} only once cleaned: "
+            f"send {_shown(clean.encode('latin-1'))} instead"
+        )
+    return found
+
+
+def _match(path: str) -> Route:
+    for pattern, found in _POST_ROUTES:
+        if pattern.fullmatch(path):
+            return found
+    return Route.OTHER
+
+
+def request_path(target: str) -> str | None:
+    """req.URL.Path as Go's url.ParseRequestURI makes it from `target` (its bytes as latin-1
+    characters), or None where Go refuses the target."""
+    if target == "*":
+        return "*"
+    scheme = _SCHEME.match(target)
+    rest = target[scheme.end() :] if scheme else target
+    rest = rest.split("?", 1)[0]
+    if not rest.startswith("/"):
+        return "" if scheme else None  # with a scheme, the rest is opaque: no path at all
+    if scheme and rest.startswith("//"):
+        authority_end = rest.find("/", 2)
+        rest = rest[authority_end:] if authority_end >= 0 else ""
+    if _BAD_ESCAPE.search(rest):
+        return None  # Go: invalid URL escape
+    return unquote_to_bytes(rest).decode("latin-1")
+
+
+def clean_path(path: str) -> str:
+    """gorilla/mux's cleanPath: Go's path.Clean of the rooted path, its trailing slash kept."""
+    if not path:
+        return "/"
+    if not path.startswith("/"):
+        path = "/" + path
+    parts: list[str] = []
+    for seg in path.split("/"):
+        if seg == "..":
+            if parts:
+                parts.pop()
+        elif seg not in ("", "."):
+            parts.append(seg)
+    clean = "/" + "/".join(parts)
+    if path.endswith("/") and clean != "/":
+        clean += "/"
+    return clean
+
+
+def build_target(target: bytes) -> bytes:
+    """`target` of a POST /build with forcerm=1 first in its query, so that the legacy
+    builder removes its intermediate containers even when a step fails (they carry no
+    label); unchanged where the client asked for rm=0, to keep them. The engine reads the
+    first value of a parameter, so a forcerm of the client's own comes too late."""
+    path, sep, query = target.partition(b"?")
+    rm = _first(query.decode("ascii"), "rm") if sep else None
+    if rm and rm.strip(_GO_SPACE).lower() in ("", "0", "no", "false", "none"):
+        return target  # the engine's httputils.BoolValue reads these as false
+    return path + b"?forcerm=1" + (b"&" + query if sep else b"")
+
+
+def _first(query: str, key: str) -> str | None:
+    """The first value of `key` in `query` as Go's url.ParseQuery reads it, or None."""
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if _BAD_ESCAPE.search(name) or _BAD_ESCAPE.search(value):
+            continue  # Go skips a pair it cannot unescape
+        if unquote_to_bytes(name.replace("+", " ")) == key.encode():
+            return unquote_to_bytes(value.replace("+", " ")).decode("utf-8", "replace")
+    return None
+
+
+def _shown(target: bytes) -> str:
+    text = target.decode("latin-1")
+    return repr(text if len(text) <= 200 else text[:200] + "...")

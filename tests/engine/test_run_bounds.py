@@ -20,8 +20,9 @@ PARALLEL, ROUNDS = 4, 3
 GROWTH_MB = 40  # what the wrapper may grow by, over its RSS before the creates
 
 # CMD: waits for a line on stdin (the test takes the wrapper's RSS before), then makes
-# ROUNDS rounds of PARALLEL creates at once, each of a body of about SIZE bytes, both of long
-# strings and of as many small values as the socket reads; prints each status.
+# ROUNDS rounds of PARALLEL creates at once, each of a body of about SIZE bytes: of long
+# strings, of as many small values as the socket reads, and of characters of 4 bytes in
+# UTF-8 (once labelled as escapes of 12: review F5); prints each status.
 CREATES = r"""
 import json, os, socket, sys, threading
 path = os.environ["DOCKER_HOST"].removeprefix("unix://")
@@ -29,7 +30,9 @@ image, size, values, parallel, rounds = sys.argv[1], *map(int, sys.argv[2:])
 env = ["V%d=%s" % (i, "x" * 4000) for i in range(size // 4010)]
 long = {"Image": image, "Cmd": ["true"], "Env": env}
 many = {"Image": image, "Cmd": ["true"], "Env": ["A="] * (values - 8)}
+wide = {"Image": image, "Cmd": ["true"], "Env": ["W=" + "\U0001F600" * (size // 4)]}
 bodies = [json.dumps(long).encode(), json.dumps(many).encode()]
+bodies.append(json.dumps(wide, ensure_ascii=False).encode())
 print("ready", flush=True)
 sys.stdin.readline()
 statuses = []
@@ -45,7 +48,7 @@ def create(body):
             answer += chunk
     statuses.append(answer.split(b" ")[1].decode())
 for n in range(rounds):
-    body = bodies[n % 2]
+    body = bodies[n % 3]
     threads = [threading.Thread(target=create, args=(body,)) for _ in range(parallel)]
     for t in threads: t.start()
     for t in threads: t.join()

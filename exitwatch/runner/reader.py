@@ -231,8 +231,8 @@ class Reader:
         if answer_100 and conn.client_is_waiting_for_100_continue:
             self.client.sendall(CONTINUE)
         if length != 0 and not conn.trailing_data[0]:
-            # Nor while its client has sent nothing of the body yet (one that asked for
-            # the 100 sends it only now): the share's wait is bounded, this one too.
+            # Nor before its body has begun to come (a client that asked for the 100 sends
+            # it only now): this wait holds nothing shared, and is bounded too.
             self._readable(time.monotonic() + BODY_DEADLINE, "the creation's body")
         with self.budget.hold(MAX_BODY if length is None else length):
             body = self._whole_body(conn, length)

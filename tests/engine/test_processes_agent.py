@@ -48,7 +48,7 @@ def _recorded(agent: Agent, proc: Proc, refused: bool = False) -> dict:
 def test_dead_runs_leftovers_are_killed_and_nobody_elses(
     engine, workroot, tmp_path, attacker, runs
 ):
-    with running(engine, workroot, tmp_path / "agent.log") as agent:
+    with running(engine, workroot, tmp_path / "agent.log", leftovers=True) as agent:
         dead, live = FakeRun(attacker), FakeRun(attacker)
         runs += [dead, live]
         # Carrying the dead run's owner: a root process (the variable kept through sudo)
@@ -87,7 +87,7 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
 def test_a_shell_that_exported_only_the_owner_leaves_its_jobs_alive(
     engine, workroot, tmp_path, attacker, runs
 ):
-    with running(engine, workroot, tmp_path / "agent.log") as agent:
+    with running(engine, workroot, tmp_path / "agent.log", leftovers=True) as agent:
         shell, run = FakeRun(attacker, _SHELL), FakeRun(attacker)
         runs += [shell, run]
         _holding(agent, run, 1)
@@ -104,7 +104,7 @@ def test_a_shell_that_exported_only_the_owner_leaves_its_jobs_alive(
 def test_anothers_process_carrying_a_root_runs_owner_is_left(
     engine, workroot, tmp_path, attacker, runs
 ):
-    with running(engine, workroot, tmp_path / "agent.log") as agent:
+    with running(engine, workroot, tmp_path / "agent.log", leftovers=True) as agent:
         run = FakeRun()
         runs.append(run)
         planted = run.carrier(attacker)

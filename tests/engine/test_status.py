@@ -19,7 +19,7 @@ import pytest
 from exitwatch import mark_workdir
 from exitwatch.service.status.server import query
 
-from support.agentproc import Agents, agent_argv, container, wait_gone
+from support.agentproc import NO_LEFTOVERS, Agents, agent_argv, container, wait_gone
 from support.cli import EXITWATCH, status
 from support.procs import kill, spawn_owner, wait_for
 
@@ -77,7 +77,7 @@ def test_since_reads_both_files_of_a_rotated_audit_log_and_keeps_the_window(
     assert len(text) < 4096
     audit.write_text(text)
     config = tmp_path / "config.toml"
-    config.write_text("audit_max_bytes = 4096\n")
+    config.write_text(NO_LEFTOVERS + "audit_max_bytes = 4096\n")
     agent = run_agent(argv=[*argv, "--config", str(config)])
 
     owner = spawn_owner()
@@ -158,7 +158,7 @@ def test_text_status_with_no_agent_shows_the_scan(engine, root, tmp_path):
     name = engine.client.api.inspect_container(cid)["Name"].lstrip("/")
     kill(dead)
     config = tmp_path / "config.toml"
-    config.write_text(f'workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n')
+    config.write_text(f'{NO_LEFTOVERS}workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n')
     done = subprocess.run(
         [*EXITWATCH, "status", "--config", str(config), "--status-socket", f"{root}/none.sock"],
         capture_output=True,

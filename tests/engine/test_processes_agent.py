@@ -6,6 +6,7 @@ system/test_processes.py drives the kind itself."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from exitwatch.kinds.processes.kind import KIND
@@ -34,6 +35,22 @@ def _audit(agent: Agent) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _others(agent: Agent) -> list[str]:
+    """The other exitwatch agents and reaps on the host. The process kind is host-wide: each
+    of them with it kills a dead run's leftovers too, and one may get there first, which this
+    agent then records as "already gone" (issue 19: never a live leftover judged gone)."""
+    others = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in argv]
+        if int(pid) != agent.pid and "exitwatch" in words and {"agent", "reap"} & set(words):
+            others.append(f"{pid}: {' '.join(words)[:200]}")
+    return others
+
+
 def _recorded(agent: Agent, proc: Proc, refused: bool = False) -> dict:
     def entry() -> dict | None:
         for reap in _audit(agent):
@@ -60,7 +77,7 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
         dead.kill()
         wait_for(dead.leftover.ended, timeout=DEADLINE, what="the leftover killed")
         killed = _recorded(agent, dead.leftover)
-        assert killed["ok"] and killed["result"] == "killed (SIGKILL)"
+        assert killed["ok"] and killed["result"] == "killed (SIGKILL)", (killed, _others(agent))
         assert killed["owner"] == str(dead.owner) and killed["death"]
         refused = _recorded(agent, rooted, refused=True)
         assert f"are not the run's uid {attacker.pw_uid}" in refused["result"]

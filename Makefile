@@ -46,10 +46,29 @@ lint: venv
 	$(VENV)/bin/ruff format --check exitwatch tests bench packaging
 
 # The whole suite twice: under the newest PyPI libraries, and under Debian's python3 with
-# bookworm's packages (what the .deb depends on).
+# bookworm's packages (what the .deb depends on). The two passes run side by side: most of
+# a pass is waiting (on engines, agents, signals, timeouts), and each session has a private
+# engine, agents, users and directories of its own (tests/README.md, "Where the time goes").
+# Each writes its own log, shown whole once both are done; the target fails if either does.
+# TEST_SERIAL=1 runs them one after the other, as before.
+TEST_LOGS := build/test
 test: deps lint
-	$(VPY) -m pytest -q
-	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider
+	@mkdir -p $(TEST_LOGS)
+	@if [ -n "$(TEST_SERIAL)" ]; then \
+		$(VPY) -m pytest -q && PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider; \
+		exit $$?; \
+	fi; \
+	start=$$(date +%s); \
+	$(VPY) -m pytest -q >$(TEST_LOGS)/venv.log 2>&1 & venv=$$!; \
+	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider \
+		>$(TEST_LOGS)/debian.log 2>&1 & debian=$$!; \
+	trap 'kill $$venv $$debian 2>/dev/null; exit 130' INT TERM; \
+	wait $$venv; rv=$$?; wait $$debian; rd=$$?; \
+	for pass in venv debian; do \
+		echo "== $$pass pass ($(TEST_LOGS)/$$pass.log)"; cat $(TEST_LOGS)/$$pass.log; \
+	done; \
+	echo "== venv pass: exit $$rv; debian pass: exit $$rd; $$(( $$(date +%s) - start )) s in all"; \
+	[ $$rv -eq 0 ] && [ $$rd -eq 0 ]
 
 # tests/unit alone (tests/README.md): no root, no engine, no network; seconds. Any user can
 # run it, with the venv's python or another with the test extras: make test-unit VPY=python3

@@ -105,7 +105,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="exitwatch-soak-", dir="/tmp"))
     log = Path(tempfile.mkdtemp(prefix="exitwatch-soak-log-")) / "agent.log"
     soak = Soak(api, root)
-    agent = Agent(agent_argv(source, host, root), log)
+    agent = Agent(agent_argv(source, host, root, leftovers=True), log)
     samples: list[tuple[float, int, int, int]] = []
     try:
         agent.wait_log("ready:")

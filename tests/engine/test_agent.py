@@ -15,7 +15,7 @@ import pytest
 from exitwatch import mark_workdir, owner_labels
 from exitwatch.contract import LABEL_OWNER
 
-from support.agentproc import container, exists, wait_gone
+from support.agentproc import container, exists, quiet_config, wait_gone
 from support.procs import (
     exit_main_thread,
     kill,
@@ -211,6 +211,8 @@ def test_reap_dry_run_removes_nothing_and_reap_removes(engine, workroot, tmp_pat
         "-m",
         "exitwatch",
         "reap",
+        "--config",
+        quiet_config(tmp_path),
         "--docker-host",
         engine.host,
         "--workdir-root",

@@ -21,7 +21,7 @@ from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import Owner, owner_of
 
-from support.agentproc import Agent, running
+from support.agentproc import NO_LEFTOVERS, Agent, quiet_config, running
 from support.procs import kill, spawn_owner, wait_for
 from support.trees import digest, lazy_umount_below
 from support.users import SYSTEM_PYTHON, as_user, swapping_as
@@ -273,6 +273,8 @@ def test_a_nested_workdir_of_a_dead_owner_is_not_left_for_good(
         [
             *EXITWATCH,
             "reap",
+            "--config",
+            quiet_config(tmp_path),
             "--workdir-root",
             str(root),
             "--docker-host",
@@ -313,7 +315,7 @@ def test_status_shows_escape_sequences_in_pending_orphans_escaped(root, attacker
     )
     owner.kill()
     config = tmp_path / "config.toml"
-    config.write_text(f'workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n')
+    config.write_text(f'{NO_LEFTOVERS}workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n')
     done = subprocess.run(
         [*EXITWATCH, "status", "--config", str(config), "--status-socket", tmp_path / "none"],
         capture_output=True,
@@ -365,7 +367,7 @@ def test_status_since_as_a_user_who_may_not_read_the_audit_log_is_one_line(root,
         (private / "audit.jsonl").write_text("")
         config = root / "config.toml"
         config.write_text(
-            f'workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n'
+            f'{NO_LEFTOVERS}workdir_roots = ["{root}"]\ndocker_host = "{engine.host}"\n'
             f'audit_log = "{private}/audit.jsonl"\n'
         )
         os.chmod(config, 0o644)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from support import tools
-from support.agentproc import Agent, agent_argv, exists
+from support.agentproc import Agent, agent_argv, exists, quiet_config
 from support.clock import Shift
 from support.procs import kill, spawn_owner, wait_for
 
@@ -137,7 +137,8 @@ def test_reap_with_its_clock_stepped_removes_no_older_sibling(engine, compose, t
     clock = Shift(tmp_path)
     clock.set(shift)
     (tmp_path / "empty").mkdir()
-    argv = [sys.executable, "-m", "exitwatch", "reap", "--docker-host", engine.host]
+    argv = [sys.executable, "-m", "exitwatch", "reap", "--config", quiet_config(tmp_path)]
+    argv += ["--docker-host", engine.host]
     argv += ["--workdir-root", str(tmp_path / "empty")]
     argv += ["--hook-dir", str(tmp_path / "hooks"), "--audit-log", str(tmp_path / "audit.jsonl")]
     done = subprocess.run(

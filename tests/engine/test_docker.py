@@ -502,3 +502,53 @@ def test_an_unlabelled_sibling_older_than_the_owner_is_refused(
         older[:12] in o.what and "its main process started before its owner did" in o.detail
         for o in refused
     ), refused
+
+
+def test_a_project_network_made_before_its_owner_started_stays(
+    engine: PrivateEngine, kind: Containers, tmp_path: Path
+) -> None:
+    project = f"ew{uuid.uuid4().hex[:10]}"
+    here = _compose_dir(tmp_path / "app", EVAL_YML)
+    # An earlier `up` of the same project made its network; its container went, the
+    # network stayed, and the owner's `up` joins it.
+    engine.compose("-p", project, "up", "-d", "helper", cwd=here, env={"EXITWATCH_OWNER": ""})
+    engine.compose("-p", project, "rm", "-sf", "helper", cwd=here, env={"EXITWATCH_OWNER": ""})
+    assert project_containers(engine, project) == {}
+    child = spawn_owner()
+    engine.compose("-p", project, "up", "-d", cwd=here, env={"EXITWATCH_OWNER": str(child.owner)})
+    assert set(project_containers(engine, project)) == {"main", "helper"}
+    kill(child)
+
+    outcomes = kind.reap(child.owner, held_by(kind, child.owner), dry_run=False)
+
+    assert project_containers(engine, project) == {}  # the project went as a whole
+    assert project_networks(engine, project) == [f"{project}_default"]
+    [network] = [o for o in outcomes if o.kind == "network"]
+    assert network.refused and "it was created before its owner started" in network.detail
+
+
+def test_an_unlabelled_sibling_of_other_config_files_in_the_same_directory_stays(
+    engine: PrivateEngine, kind: Containers, tmp_path: Path
+) -> None:
+    project = f"ew{uuid.uuid4().hex[:10]}"
+    here = _compose_dir(tmp_path / "app", EVAL_YML)
+    (here / "prod.yml").write_text(PROD_YML)
+    child = spawn_owner()
+    # Up after the owner started, from the same directory: only its config files tell it
+    # apart from the owner's instance.
+    engine.compose("-p", project, "-f", "prod.yml", "up", "-d", cwd=here)
+    prod_db = project_containers(engine, project)["db"]
+    engine.compose("-p", project, "up", "-d", cwd=here, env={"EXITWATCH_OWNER": str(child.owner)})
+    ours = project_containers(engine, project)
+    kill(child)
+
+    outcomes = kind.reap(child.owner, held_by(kind, child.owner), dry_run=False)
+
+    assert project_containers(engine, project) == {"db": prod_db}
+    by_id = {o.extra.get("id"): o for o in outcomes if o.kind == "container"}
+    assert by_id[ours["main"]].ok and by_id[ours["helper"]].ok
+    refused = by_id[prod_db]
+    assert refused.refused
+    assert f"working directory and config files ({here}) are not its owner's" in refused.detail
+    [whole] = [o for o in outcomes if o.kind == "project"]
+    assert whole.refused and prod_db[:12] in whole.detail

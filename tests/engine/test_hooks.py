@@ -23,7 +23,7 @@ import pytest
 from exitwatch import cancel_hook, mark_workdir, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_FILE
 
-from support.agentproc import Agent, free_port, scrape
+from support.agentproc import NO_LEFTOVERS, Agent, free_port, quiet_config, scrape
 from support.procs import kill, spawn_owner, state, wait_for
 from support.users import SYSTEM_PYTHON, as_user
 
@@ -157,6 +157,8 @@ def test_exitwatch_reap_runs_hooks(engine, sandboxes, spool, tmp_path):
             "-m",
             "exitwatch",
             "reap",
+            "--config",
+            quiet_config(tmp_path),
             "--docker-host",
             engine.host,
             "--workdir-root",
@@ -246,7 +248,7 @@ def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_
     """With a single removal worker, an owner's hook that hangs does not keep another dead
     owner's workdir: hooks run on workers of their own."""
     config = tmp_path / "config.toml"
-    config.write_text("reap_workers = 1\n")
+    config.write_text(NO_LEFTOVERS + "reap_workers = 1\n")
     port = free_port()
     agent = hook_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
     started = tmp_path / "hook-pid"
@@ -276,7 +278,7 @@ def test_a_hung_hook_holds_up_no_other_owners_removal(hook_agent, workroot, tmp_
 
 def test_a_failing_hook_is_tried_the_set_times_then_shown_as_given_up(hook_agent, spool, tmp_path):
     config = tmp_path / "config.toml"
-    config.write_text("reap_attempts = 2\n")
+    config.write_text(NO_LEFTOVERS + "reap_attempts = 2\n")
     port = free_port()
     agent = hook_agent("--config", str(config), "--metrics-addr", f"127.0.0.1:{port}")
     count = tmp_path / "count"
@@ -328,7 +330,8 @@ def test_exitwatch_reap_refuses_a_symlinked_spool_in_the_words_of_on_death(
     )
     [why] = registered.stderr.splitlines()
     assert registered.returncode == 1 and "it is a symlink" in why
-    flags = ["--docker-host", engine.host, "--workdir-root", str(tmp_path), "--hook-dir", str(link)]
+    flags = ["--config", quiet_config(tmp_path), "--docker-host", engine.host]
+    flags += ["--workdir-root", str(tmp_path), "--hook-dir", str(link)]
     reaped = subprocess.run(
         [*exitwatch, "reap", *flags],
         capture_output=True,

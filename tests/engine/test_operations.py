@@ -17,7 +17,16 @@ import pytest
 
 from exitwatch import mark_workdir
 
-from support.agentproc import Agent, Agents, container, exists, free_port, scrape, wait_gone
+from support.agentproc import (
+    NO_LEFTOVERS,
+    Agent,
+    Agents,
+    container,
+    exists,
+    free_port,
+    scrape,
+    wait_gone,
+)
 from support.cli import exitwatch
 from support.procs import kill, spawn_owner, wait_for
 
@@ -95,7 +104,9 @@ def test_status_with_no_agent_scans_read_only_and_exits_3(engine, root, tmp_path
     kept = workdir(root, alive.pid, "alive")
     kill(owner)
     config = tmp_path / "config.toml"
-    config.write_text(f'workdir_roots = ["{root / "work"}"]\ndocker_host = "{engine.host}"\n')
+    config.write_text(
+        f'{NO_LEFTOVERS}workdir_roots = ["{root / "work"}"]\ndocker_host = "{engine.host}"\n'
+    )
     done = exitwatch(
         "status", "--config", str(config), "--status-socket", str(tmp_path / "none.sock"), "--json"
     )
@@ -114,7 +125,7 @@ def test_status_with_no_agent_scans_read_only_and_exits_3(engine, root, tmp_path
 
 def test_flags_override_the_config_file(engine, run_agent, tmp_path):
     config = tmp_path / "config.toml"
-    config.write_text("poll_interval = 7.5\nreap_attempts = 5\ndry_run = true\n")
+    config.write_text(NO_LEFTOVERS + "poll_interval = 7.5\nreap_attempts = 5\ndry_run = true\n")
     agent = run_agent("--config", str(config), "--poll-interval", "0.3")
     settings = json.loads(status(agent, "--json").stdout)["agent"]["config"]
     assert settings["poll_interval"] == 0.3  # the flag
@@ -198,15 +209,15 @@ def test_sigterm_stops_within_two_seconds_and_removes_the_socket(run_agent):
 
 def test_sighup_reloads_the_config(run_agent, tmp_path):
     config = tmp_path / "config.toml"
-    config.write_text("dry_run = true\n")
+    config.write_text(NO_LEFTOVERS + "dry_run = true\n")
     agent = run_agent("--config", str(config))
-    config.write_text("dry_run = false\nreap_attempts = 4\n")
+    config.write_text(NO_LEFTOVERS + "dry_run = false\nreap_attempts = 4\n")
     agent.proc.send_signal(signal.SIGHUP)
     agent.wait_log("config reloaded")
     agent.wait_log("ready:", count=2)
     settings = json.loads(status(agent, "--json").stdout)["agent"]["config"]
     assert (settings["dry_run"], settings["reap_attempts"]) == (False, 4)
-    config.write_text("reap_attempts = 99\n")
+    config.write_text(NO_LEFTOVERS + "reap_attempts = 99\n")
     agent.proc.send_signal(signal.SIGHUP)
     agent.wait_log("config not reloaded")
     agent.wait_log("ready:", count=3)

@@ -13,7 +13,7 @@ from pathlib import Path
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
 
-from support.agentproc import GONE_DEADLINE, running
+from support.agentproc import GONE_DEADLINE, NO_LEFTOVERS, running
 from support.procs import wait_for
 from support.wrapper import RUN, env_for, run
 
@@ -43,7 +43,9 @@ def test_everything_goes_after_cmd_is_sigkilled(engine, bases) -> None:
 
 def test_status_shows_a_run_like_any_owner(engine, bases, tmp_path) -> None:
     config = tmp_path / "config.toml"
-    config.write_text(f'workdir_roots = ["{bases}"]\nstatus_socket = "{tmp_path}/none"\n')
+    config.write_text(
+        f'{NO_LEFTOVERS}workdir_roots = ["{bases}"]\nstatus_socket = "{tmp_path}/none"\n'
+    )
     script = (
         "docker run -d --name held $IMAGE sleep 1000 >/dev/null; "
         f"{sys.executable} -m exitwatch status --json --config {config}; true"
@@ -71,7 +73,8 @@ def test_the_agent_reaps_a_sigkilled_wrapper(engine, workroot, tmp_path) -> None
     engine.client.api.create_network("livenet", labels=live)
     engine.client.api.create_volume("livevol", labels=live)
     engine.client.api.create_volume("pre")  # the run mounts it: it stays, unlabelled
-    with running(engine, workroot, tmp_path / "agent.log") as agent:
+    # With the process kind: the run's `sleep` is left running, and the agent kills it.
+    with running(engine, workroot, tmp_path / "agent.log", leftovers=True) as agent:
         proc = subprocess.Popen(
             [*RUN, "--", "sh", "-c", MAKES_AND_WAITS],
             env=env_for(workroot, engine, IMAGE=engine.image),

@@ -11,6 +11,7 @@ from pathlib import Path
 from exitwatch import mark_workdir
 from exitwatch.contract import MARKER
 
+from support.agentproc import NO_LEFTOVERS
 from support.procs import kill, spawn_owner
 
 BAD = 11
@@ -32,7 +33,7 @@ def test_bad_markers_are_summarized_not_warned_one_by_one(engine, workroot: Path
     mark_workdir(good, alive.pid)
     config = tmp_path / "config.toml"
     config.write_text(
-        f'workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n'
+        f'{NO_LEFTOVERS}workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n'
         f'audit_log = "{tmp_path / "audit.jsonl"}"\n'
     )
     common = ("--config", str(config), "--status-socket", str(tmp_path / "none.sock"))
@@ -69,7 +70,7 @@ def test_a_kind_that_cannot_be_listed_is_one_line_in_status_and_fails_reap(
     kill(dead)
     config = tmp_path / "config.toml"
     config.write_text(
-        f'workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n'
+        f'{NO_LEFTOVERS}workdir_roots = ["{workroot}"]\ndocker_host = "{engine.host}"\n'
         f'audit_log = "{tmp_path / "audit.jsonl"}"\n'
     )
     common = ("--config", str(config), "--hook-dir", str(spool))

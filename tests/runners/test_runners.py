@@ -376,7 +376,7 @@ def test_a_sigkill_of_the_runner_without_an_agent(rig, live, runner, tmp_path):
 
 @ALL_RUNNERS
 def test_b_sigkill_of_the_wrapper_with_an_agent(rig, live, runner, tmp_path):
-    agent = Agent(agent_argv("netlink", rig.host, rig.root), tmp_path / "agent.log")
+    agent = Agent(agent_argv("netlink", rig.host, rig.root, leftovers=True), tmp_path / "agent.log")
     try:
         agent.wait_log("ready:")
         run = Run(rig, runner, tmp_path)

@@ -22,15 +22,36 @@ from exitwatch import owner_labels
 
 from support.procs import wait_for
 
+# The process kind is host-wide: it would count, and kill, the leftovers of every dead run
+# on the host, other sessions' tests' and a bench host's real runs included. An agent, a
+# scan or `exitwatch reap` of a test has it only if the test is about leftovers (and then
+# compares against the runs it made); a test's own config file starts with this.
+NO_LEFTOVERS = "kill_leftovers = false\n"
+
+
+def quiet_config(directory: Path | str) -> str:
+    """A config file in `directory` with the process kind off (and nothing of the host's
+    /etc/exitwatch/config.toml): for `--config` of a test's scan or `exitwatch reap`."""
+    path = Path(directory) / "no-leftovers.toml"
+    path.write_text(NO_LEFTOVERS)
+    return str(path)
+
 
 def agent_argv(
-    source: str, docker_host: str, *roots: Path, extra: tuple[str, ...] = ()
+    source: str,
+    docker_host: str,
+    *roots: Path,
+    extra: tuple[str, ...] = (),
+    leftovers: bool = False,
 ) -> list[str]:
     """The command line of an agent following `source`, with a short poll interval, and
     its status socket, audit log and hook spool in a fresh directory of its own (never the
-    system's)."""
+    system's). Without `leftovers`, the process kind is off, unless `extra` names a config
+    file (which then says, with NO_LEFTOVERS)."""
     state = tempfile.mkdtemp(prefix="exitwatch-agent-", dir="/tmp")  # short: a socket path
     atexit.register(shutil.rmtree, state, True)
+    if not leftovers and "--config" not in extra:
+        extra = ("--config", quiet_config(state), *extra)
     argv = [
         sys.executable,
         "-m",
@@ -158,9 +179,12 @@ class Agents:
 
 
 @contextlib.contextmanager
-def running(engine, root: Path, log: Path, source: str = "netlink") -> Iterator[Agent]:
-    """An agent following `source` for workdirs under `root`, ready, stopped afterwards."""
-    agent = Agent(agent_argv(source, engine.host, root), log)
+def running(
+    engine, root: Path, log: Path, source: str = "netlink", leftovers: bool = False
+) -> Iterator[Agent]:
+    """An agent following `source` for workdirs under `root`, ready, stopped afterwards;
+    with the process kind only if `leftovers`."""
+    agent = Agent(agent_argv(source, engine.host, root, leftovers=leftovers), log)
     try:
         agent.wait_log("ready:")
         yield agent

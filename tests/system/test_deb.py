@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from support.agentproc import quiet_config
 from support.packaging import DEBIAN_ENV, PAGES, man
 from support.procs import kill, run, spawn_owner, wait_for
 
@@ -197,6 +198,8 @@ def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) ->
                 "--inh-caps=-all",
                 "/usr/bin/exitwatch",
                 "agent",
+                "--config",
+                quiet_config(tmp_path),
                 "--docker-host",
                 engine.host,
                 "--workdir-root",

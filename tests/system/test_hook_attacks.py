@@ -23,7 +23,7 @@ from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_FILE
 from exitwatch.kinds.hooks.kind import Hooks
 
-from support.agentproc import Agent
+from support.agentproc import NO_LEFTOVERS, Agent
 from support.hooks import REPO, body, engineless_agent, hook_id, register_as
 from support.procs import killed_owner, wait_for
 from support.users import SYSTEM_PYTHON, as_user, temporary_user
@@ -362,7 +362,7 @@ def test_forty_thousand_bad_entries_of_one_user_cost_little_and_say_little(
     directories. The agent's memory grows by little, its log by a few lines per minute,
     across whole listings (a reconcile every second), and B's hook still runs."""
     config = tmp_path / "config.toml"
-    config.write_text("reconcile_interval = 1\n")
+    config.write_text(NO_LEFTOVERS + "reconcile_interval = 1\n")
     agent = agent_for("--config", str(config))
     agent.wait_log("reconcile: listed", count=2)
     before = _rss_kib(agent.pid)

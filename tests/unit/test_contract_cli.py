@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import sys
 
-from exitwatch.contract import LABEL_OWNER, MARKER
+from exitwatch.contract import ENV_OWNER, ENV_RUN, LABEL_OWNER, MARKER
 from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.owner import owner_of
 
@@ -33,7 +33,11 @@ def test_labels_json_names_the_caller():
 
 
 def test_labels_env_exports_the_shells_owner():
-    owner, lines = sh(f'eval "$({EXITWATCH} labels --format env)"\necho "$EXITWATCH_OWNER"')
+    # Read by a child of the shell (docker compose is one): a variable set but not exported
+    # would read empty there.
+    script = f'eval "$({EXITWATCH} labels --format env)"\nprintenv EXITWATCH_OWNER'
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_OWNER, ENV_RUN)}
+    owner, lines = sh(script, env=env)
     assert lines == [owner]
 
 

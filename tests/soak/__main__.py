@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exitwatch.agent.audit import read as read_audit
+
 from . import checks, hooks, plain, report, runs
 from .actor import Actor, Ground, View
 from .sampling import Sampler
@@ -83,9 +85,10 @@ def _rounds(
         actor.finish()
     api = ground.api()
     out.violations += checks.settle(actors, api, checks.REAP_DEADLINE)
+    audit = list(read_audit(agent.flag("--audit-log")))
     for actor in actors:
         actor.check_live(View.now(api))
-        out.violations += [*actor.wrong.values(), *actor.contract(), *actor.errors]
+        out.violations += [*actor.wrong.values(), *actor.contract(audit), *actor.errors]
     out.entries = report.rows(actors)
     out.figures = [f for a in actors if (f := a.figures())]
     out.owners = {o.owner for a in actors for o in a.dead + a.steady + a.live}

@@ -12,6 +12,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,8 +125,9 @@ class Actor(ABC):
     def remains(self, owned: Owned, view: View) -> list[str]:
         """What a dead owner left, one phrase each."""
 
-    def contract(self) -> list[str]:
-        """Once the leaks settled: every other violation of this kind, one line each."""
+    def contract(self, audit: Sequence[dict]) -> list[str]:
+        """Once the leaks settled: every other violation of this kind, one line each;
+        `audit` is the agent's audit log, oldest entry first."""
         return []
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ import os
 import pwd
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exitwatch.contract import ENV_HOOK_DIR
@@ -197,7 +198,7 @@ class HookOwners(Actor):
         ]
         return hookruns.most_at_once(intervals)
 
-    def contract(self) -> list[str]:
+    def contract(self, audit: Sequence[dict]) -> list[str]:
         out = self._judged()
         bound = self.profile.start_bound
         late = [d for d in self.delays() if bound is not None and d > bound]

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,11 +162,23 @@ class Runs(Actor):
             held.append(f"TMPDIR {owned.tmpdir} (its content gone, the directory left)")
         return held
 
-    def contract(self) -> list[str]:
+    def contract(self, audit: Sequence[dict]) -> list[str]:
         """Each dead wrapper exited as its end says, and said nothing on stderr (a run that
         made nothing it could not remove says nothing: docs/run.md); the steady runs'
-        clients never failed through the socket."""
+        clients never failed through the socket; the agent's audit log has the removal of
+        each SIGKILLed wrapper's leftover: the process kind is host-wide, so on a shared
+        machine another agent may have killed it first ("already gone"), and its being
+        gone alone proves nothing of this agent's."""
         out = []
+        removed = {
+            (e["owner"], e["what"].split()[1])
+            for e in audit
+            if e.get("kind") == "process" and e.get("ok") and not e.get("dry_run")
+        }
+        for owned in self.dead:
+            assert isinstance(owned, Run) and owned.leftover is not None
+            if owned.row == BY_WRAPPER and (owned.owner, str(owned.leftover.pid)) not in removed:
+                out.append(f"{owned.name}: the agent recorded no removal of its leftover")
         for owned in self.dead + self.steady:
             assert isinstance(owned, Run) and owned.proc is not None and owned.stderr
             status = owned.proc.poll()

@@ -51,6 +51,9 @@ def mark_workdir(path: str | os.PathLike[str] | int, pid: int | None = None) -> 
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd
         )
         try:
+            # Past the umask: one of 0777 would leave it 0000, and its owner (an unprivileged
+            # `exitwatch run` removing its own) could not read it back.
+            os.fchmod(fd, 0o644)
             os.write(fd, body)
         finally:
             os.close(fd)

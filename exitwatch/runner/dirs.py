@@ -89,6 +89,7 @@ def pick(env: Mapping[str, str], tmpdir: bool) -> Bases:
     unset, relative or missing is passed over in silence, one that is not safe with a note.
     Raises NoPlace when TMPDIR cannot be opened, or when /tmp is needed and not safe."""
     refused: dict[str, tuple[list[str], str]] = {}  # path -> its variables, why not
+    missing: list[str] = []  # notes of a TMPDIR that cannot be opened
     opened: list[Base] = []
     try:
         socket_base = tmp_base = None
@@ -103,9 +104,13 @@ def pick(env: Mapping[str, str], tmpdir: bool) -> Bases:
             try:
                 tmp_base = _checked(given, "TMPDIR", refused, opened)
             except OSError as err:
-                raise NoPlace(
-                    f"cannot make the run's directory in {given}: {err.strerror}"
-                ) from None
+                # Gone, or made a file: whoever could do that to root's TMPDIR must not be
+                # able to stop root's run from starting.
+                if given == FALLBACK:
+                    raise NoPlace(
+                        f"cannot make the run's directory in {given}: {err.strerror}"
+                    ) from None
+                missing.append(f"not using {given} (TMPDIR): {err.strerror}; using {FALLBACK}")
         if socket_base is None or (tmpdir and tmp_base is None):
             try:
                 opened.append(open_base(FALLBACK))
@@ -123,7 +128,7 @@ def pick(env: Mapping[str, str], tmpdir: bool) -> Bases:
     notes = [
         f"not using {path} ({' and '.join(names)}): {why}, so {HAZARD}; using {FALLBACK}"
         for path, (names, why) in refused.items()
-    ]
+    ] + missing
     return Bases(socket_base, tmp_base, notes)
 
 
@@ -213,8 +218,13 @@ def make(base: Base, owner: Owner) -> Made:
             continue
         parent = os.dup(base.fd)
         try:
+            # Past the umask, before it is opened (a umask of 0777 leaves it 0000). By name:
+            # on a safe base nobody else may replace it meanwhile.
+            os.chmod(name, 0o700, dir_fd=parent)
             fd = fsops.open_dir(parent, name)
         except BaseException:
+            with contextlib.suppress(OSError):  # nothing in it yet
+                os.rmdir(name, dir_fd=parent)
             os.close(parent)
             raise
         try:

@@ -171,6 +171,8 @@ def listen(directory: str, dir_fd: int | None = None) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path if dir_fd is None else f"/proc/self/fd/{dir_fd}/docker.sock")
+        # Past the umask: under one of 0777 it would be 0000, which CMD could not connect to.
+        os.chmod(path if dir_fd is None else "docker.sock", 0o600, dir_fd=dir_fd)
         listener.listen(BACKLOG)
     except OSError as err:
         listener.close()

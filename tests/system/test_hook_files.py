@@ -620,3 +620,82 @@ def test_the_runner_kills_on_timeout_even_a_group_leader_that_ignores_sigterm(
     assert 0.3 <= time.monotonic() - started < 0.3 + 3  # at its timeout, not a multiple
     assert outcome.extra["hook"]["timed_out"]
     assert outcome.extra["hook"]["returncode"] == -signal.SIGKILL
+
+
+def test_a_refusal_a_user_chose_is_read_once_and_one_that_may_pass_is_read_with_backoff(
+    spool, dead_owner, monkeypatch
+):
+    """A socket bound as a hook's file stays refused until it changes: events about other
+    entries never make the spool read it again (the review's F7: 1,024 of them cost every
+    user's discovery 216 ms per event). A file that cannot be opened for want of fds is
+    read again, later each time, and read whole once it can be."""
+    sock_dir = spool / hook_id(1)
+    sock_dir.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind(str(sock_dir / HOOK_FILE))
+        plant(spool, 2, body(dead_owner, ["true"]))
+        reads: collections.Counter[str] = collections.Counter()
+        real_read, real_open, emfile, reading = hookspool.read_hook, os.open, [True], [""]
+
+        def counted(dir_fd: int, name: str):
+            reads[name] += 1
+            reading[0] = name
+            try:
+                return real_read(dir_fd, name)
+            finally:
+                reading[0] = ""
+
+        def full_table(path, *args, **kwargs):  # hook 2's file, while the table is "full"
+            if path == HOOK_FILE and reading[0] == hook_id(2) and emfile[0]:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(hookspool, "read_hook", counted)
+        monkeypatch.setattr(hookspool, "AGAIN_FIRST", 0.2)
+        monkeypatch.setattr(os, "open", full_table)
+        listing = hookspool.Spool(str(spool))
+        assert listing.list() == {}
+        assert reads == {hook_id(1): 1, hook_id(2): 1}
+        for _ in range(20):  # a burst of events about a dot-file
+            listing.list({".elsewhere"})
+        assert reads[hook_id(1)] == 1  # the socket: never read again while it stays
+        assert reads[hook_id(2)] == 1  # the fd table: not before its time either
+        due = listing.next_again()
+        assert due is not None and due - time.monotonic() <= 0.2
+        wait_for(lambda: time.monotonic() >= due, what="the first look again due")
+        listing.list(set())
+        assert reads[hook_id(2)] == 2
+        later = listing.next_again()
+        assert later is not None and later - time.monotonic() > 0.3  # twice as long now
+        emfile[0] = False
+        wait_for(lambda: time.monotonic() >= later, what="the second look again due")
+        assert set(listing.list(set())) == {hook_id(2)}
+        assert reads[hook_id(1)] == 1 and listing.next_again() is None
+
+
+def test_discovery_looks_again_by_itself_at_a_hook_it_could_not_open(
+    spool, dead_owner, monkeypatch
+):
+    """A hook whose file could not be opened for want of fds is found once it can be, by
+    the discovery thread's own timer: no other change in the spool has to come first."""
+    real_open, full, failed = os.open, [True], threading.Event()
+
+    def full_table(path, *args, **kwargs):
+        if path == HOOK_FILE and full[0] and threading.current_thread().name == "exitwatch-hooks":
+            failed.set()
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(hookspool, "AGAIN_FIRST", 0.2)
+    monkeypatch.setattr(os, "open", full_table)
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    kind.start(changes.put)
+    try:
+        assert changes.get(timeout=30).resources == ()
+        hook = plant(spool, 9, body(dead_owner, ["true"])).parent
+        wait_for(failed.is_set, what="the hook's file refused for want of fds")
+        full[0] = False
+        assert changes.get(timeout=10).resource.key == hook.name
+    finally:
+        kind.stop()

@@ -132,3 +132,46 @@ def test_a_users_run_uses_the_users_own_directories(top, attacker, tmp_path):
     assert Path(host.removeprefix("unix://")).parent.parent == runtime
     assert Path(tmpdir).parent == users
     assert sorted(users.rglob("*")) == [runtime]
+
+
+# CMD connects to its socket (the engine there is missing: the connection is closed at once)
+# and writes in its TMPDIR; under a umask of 0777 the socket, the directories and their
+# markers would be 0000 to their own user.
+_CONNECT = (
+    'python3 -I -S -c "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])"'
+    ' "${DOCKER_HOST#unix://}" && echo connected; touch "$TMPDIR/f" && echo wrote'
+)
+
+
+def test_a_users_run_under_a_umask_of_0777_starts_and_leaves_nothing(top, attacker, tmp_path):
+    users = _users(attacker, top / "u")
+    runtime = _users(attacker, users / "run", 0o700)
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO),
+        "TMPDIR": str(users),
+        "XDG_RUNTIME_DIR": str(runtime),
+        "DOCKER_HOST": f"unix://{tmp_path}/none.sock",
+    }
+    run_argv = [SYSTEM_PYTHON, "-m", "exitwatch", "run", "--", "sh", "-c", _CONNECT]
+    argv = setpriv_argv(attacker, "sh", "-c", 'umask 0777; exec "$@"', "sh", *run_argv)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr, done.stdout) == (0, "", "connected\nwrote\n")
+    assert sorted(users.rglob("*")) == [runtime]  # its directories gone, none 0000 left
+
+
+def test_a_tmpdir_that_is_gone_is_passed_over_for_tmp_and_said(tmp_path):
+    gone = tmp_path / "gone"
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO),
+        "TMPDIR": str(gone),
+        "DOCKER_HOST": f"unix://{tmp_path}/none.sock",
+    }
+    argv = [SYSTEM_PYTHON, "-m", "exitwatch", "run", "--", "sh", "-c", 'echo "$TMPDIR"']
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).parent == Path("/tmp")
+    assert done.stderr == (
+        f"exitwatch run: not using {gone} (TMPDIR): No such file or directory; using /tmp\n"
+    )

@@ -98,14 +98,12 @@ def read_hook(spool_fd: int, name: str) -> Opened:
     """The hook in directory `name` of the spool, opened. Raises FileNotFoundError when
     it is gone (or its directory holds no hook file: being removed, or cancelled), and
     HookError when it is refused."""
-    # What cannot be opened now (a full fd table) may open later: such a refusal does not
-    # last.
     try:
         pin = os.open(name, _PIN, dir_fd=spool_fd)
     except FileNotFoundError:
         raise
     except OSError as err:
-        raise HookError(f"it cannot be opened: {err.strerror}", lasting=False) from None
+        raise _unopened("it", err) from None
     try:
         st = os.fstat(pin)
         problem = entry_problem(name, st)
@@ -116,7 +114,7 @@ def read_hook(spool_fd: int, name: str) -> Opened:
         try:
             dir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=pin)
         except OSError as err:
-            raise HookError(f"it cannot be opened: {err.strerror}", lasting=False) from None
+            raise _unopened("it", err) from None
     finally:
         os.close(pin)
     try:
@@ -154,8 +152,15 @@ def _open_file(dir_fd: int) -> int:
             raise
         if err.errno == errno.ELOOP:
             raise HookError(f"its {HOOK_FILE} is a symlink") from None
-        why = f"its {HOOK_FILE} cannot be opened: {err.strerror}"
-        raise HookError(why, lasting=False) from None
+        raise _unopened(f"its {HOOK_FILE}", err) from None
+
+
+def _unopened(what: str, err: OSError) -> HookError:
+    """The refusal of what could not be opened: one that lasts until it changes, unless the
+    error says "not now" (a full fd table, no memory), which may pass by itself. A socket
+    or a device named as a hook (ENXIO, ENODEV) is a user's choice, and stays one."""
+    transient = err.errno in fsops.TRANSIENT
+    return HookError(f"{what} cannot be opened: {err.strerror}", lasting=not transient)
 
 
 def _body(fd: int) -> dict:

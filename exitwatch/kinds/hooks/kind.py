@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import pwd
+import time
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -150,8 +151,14 @@ class Hooks(ResourceKind):
                         return
                     changed = None
                     continue
-                if discovery.wait(stop_fd, ino.fd, None):
+                # Woken by events, or when a refusal that may not last is due another look.
+                due = spool.next_again()
+                wait = None if due is None else max(0.0, due - time.monotonic())
+                if discovery.wait(stop_fd, ino.fd, wait):
                     return
+                if due is not None and time.monotonic() >= due:
+                    changed = set()  # the due refusals alone (list() adds them)
+                    continue
                 # Only the names the events give are looked at again; an overflow (events
                 # lost) or an event without a name, the whole spool.
                 events = ino.read()

@@ -29,6 +29,10 @@ MAX_PER_UID = 1024
 MAX_STRAYS_PER_UID = 64
 WARN_LINES = 5  # refusal warnings of one uid per WARN_INTERVAL; then one line counting the rest
 WARN_INTERVAL = 60.0
+# A refusal that may not last (a full fd table, a user database that did not answer) is
+# looked at again AGAIN_FIRST seconds later, then twice as long each time, up to AGAIN_MAX.
+AGAIN_FIRST = 1.0
+AGAIN_MAX = 60.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,9 @@ class _Entry:
     sig: tuple[int, ...]
     hook: Hook | None  # None: refused, or an empty hook directory
     stray: bool  # not a hook's directory: counted among the uid's strays
-    why: str = ""  # a refusal that may not last (looked at again at each listing)
+    why: str = ""  # a refusal that may not last: looked at again from `again_at` on
+    again_at: float = 0.0  # monotonic time
+    tries: int = 0  # looks that found the same refusal: each doubles the wait for the next
 
 
 class Warnings:
@@ -130,13 +136,19 @@ class Spool:
                 if changed is None or not self._listed:
                     self._list(dir_fd)
                 else:
-                    again = {n for n, e in self._entries.items() if e.why}
+                    now = time.monotonic()
+                    again = {n for n, e in self._entries.items() if e.why and e.again_at <= now}
                     for name in sorted(changed | again):
                         self._look(dir_fd, name)
             finally:
                 os.close(dir_fd)
                 self.warnings.flush()
             return {name: e.hook for name, e in self._entries.items() if e.hook is not None}
+
+    def next_again(self) -> float | None:
+        """When the next refusal that may not last is due another look (monotonic)."""
+        with self._lock:
+            return min((e.again_at for e in self._entries.values() if e.why), default=None)
 
     def _list(self, dir_fd: int) -> None:
         # Streamed, never held whole: 40,000 names of one user's would cost megabytes at
@@ -173,7 +185,9 @@ class Spool:
             with contextlib.suppress(OSError):  # none: an empty hook directory
                 sig += _sig(os.stat(f"{name}/{HOOK_FILE}", dir_fd=dir_fd, follow_symlinks=False))
         old = self._entries.get(name)
-        if old is not None and old.sig == sig and not old.why:
+        if old is not None and old.sig == sig and (not old.why or time.monotonic() < old.again_at):
+            # Unchanged; a refusal that may not last is looked at again on its own schedule,
+            # not at every event another entry raises.
             return
         self._forget(name)
         uid, where = st.st_uid, printable(os.path.join(self.path, name))
@@ -197,8 +211,9 @@ class Spool:
         except HookError as err:
             if err.lasting or old is None or old.why != str(err):
                 self.warnings.warn(uid, f"hook {where}: refused: {err}")
-            why = "" if err.lasting else str(err)
-            self._remember(name, _Entry(uid, sig, None, stray=False, why=why))
+            why, tries = ("", 0) if err.lasting else (str(err), _tries(old, str(err)) + 1)
+            again_at = time.monotonic() + min(AGAIN_MAX, AGAIN_FIRST * 2 ** (tries - 1))
+            self._remember(name, _Entry(uid, sig, None, False, why, again_at, tries))
             return
         opened.close()
         self._remember(name, _Entry(uid, sig, opened.hook, stray=False))
@@ -215,6 +230,11 @@ class Spool:
         counts[entry.uid] -= 1
         if not counts[entry.uid]:
             del counts[entry.uid]
+
+
+def _tries(old: _Entry | None, why: str) -> int:
+    """How many looks in a row found the refusal `why`."""
+    return old.tries if old is not None and old.why == why else 0
 
 
 def _sig(st: os.stat_result) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ _FOLD = str.maketrans(
     {**{chr(c): chr(c - 32) for c in range(ord("a"), ord("z") + 1)}, "\u017f": "S", "\u212a": "K"}
 )
 _MISSING = object()
+_TOP = "the body"
 
 
 class Refused(Exception):
@@ -54,14 +55,27 @@ class Labelled:
 def label(route: Route, body: bytes | bytearray, owner: str) -> Labelled:
     """The creation body `body` for `route` with `owner` added to its labels, and the named
     volumes a container create would make. A body that names an owner of its own or asks
-    to be kept is sent as it came, its volumes left to the engine. Raises Refused."""
+    to be kept is sent as it came, its volumes left to the engine. A legacy start's body,
+    which the engine reads as a create's for its HostConfig alone, has no labels: it is
+    sent as it came, with the volumes it would make. Raises Refused."""
     doc = _decode(body)
+    if route is Route.LEGACY_START:
+        return Labelled(body, _created_volumes(doc, owner))
     labels = _labels(doc, "Labels", "the body")
     if LABEL_OWNER in labels or kept(labels):
         return Labelled(body, ())
     doc["Labels"] = {**labels, LABEL_OWNER: owner}
-    volumes = _volumes(doc, owner) if route is Route.CONTAINER_CREATE else ()
-    return Labelled(json.dumps(doc, separators=(",", ":")).encode(), volumes)
+    volumes = _created_volumes(doc, owner) if route is Route.CONTAINER_CREATE else ()
+    return Labelled(_encode(doc), volumes)
+
+
+def _encode(doc: dict) -> bytes:
+    """`doc` as JSON no longer than the body it came from, but for the label and a float's
+    digits (1e15 comes back as 1000000000000000.0; MAX_VALUES bounds them): characters
+    beyond ASCII as UTF-8, as they came, not as escapes up to three times as long, which
+    the budget did not hold. A lone surrogate, which came as an escape, goes back as one."""
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "backslashreplace")
 
 
 def _decode(body: bytes | bytearray) -> dict:
@@ -154,21 +168,34 @@ def _string(obj: dict, name: str, where: str) -> str:
     return value
 
 
-def _volumes(doc: dict, owner: str) -> tuple[Volume, ...]:
-    """The named volumes of a container create's HostConfig: the Binds whose source is a
-    name (not an absolute path, as the engine's mount parser tells them), and the Mounts
-    of Type volume with a Source. Those whose own labels name an owner or ask to be kept
-    are the engine's to create."""
-    host = _struct(doc, "HostConfig", "the body")
-    where = "HostConfig"
+def _created_volumes(doc: dict, owner: str) -> tuple[Volume, ...]:
+    """The named volumes of a container create: its HostConfig's, or, where that is missing
+    or null, those of the HostConfig fields at the top of the body. dockerd 20.10 embeds a
+    HostConfig in the body's struct beside "HostConfig", for old clients, and reads it in
+    that case; a VolumeDriver at the top also stands in for an empty one in the HostConfig
+    (runconfig's getHostConfig). Later engines read the HostConfig alone: volumes made
+    first from the top's fields are then the run's, unused, and go with it."""
+    host = _field(doc, "HostConfig", "the body")
+    if host is _MISSING:
+        return _volumes(doc, "", _TOP, owner)
+    if not isinstance(host, dict):
+        raise Refused("the body: HostConfig is not an object")
+    return _volumes(host, _string(doc, "VolumeDriver", _TOP), "HostConfig", owner)
+
+
+def _volumes(host: dict, driver: str, where: str, owner: str) -> tuple[Volume, ...]:
+    """The named volumes of the HostConfig `host` (found at `where`; `driver`, the volume
+    driver where it names none): the Binds whose source is a name (not an absolute path,
+    as the engine's mount parser tells them), and the Mounts of Type volume with a Source.
+    Those whose own labels name an owner or ask to be kept are the engine's to create."""
     found: dict[str, Volume] = {}
-    driver = _string(host, "VolumeDriver", where)
+    driver = _string(host, "VolumeDriver", where) or driver
     for bind in _list(host, "Binds", where, str):
         parts = bind.split(":")
         if len(parts) in (2, 3) and parts[0] and not parts[0].startswith("/"):
             found.setdefault(parts[0], Volume(parts[0], driver))
     for n, mount in enumerate(_list(host, "Mounts", where, dict)):
-        at = f"HostConfig.Mounts[{n}]"
+        at = f"Mounts[{n}]" if where == _TOP else f"{where}.Mounts[{n}]"
         source = _string(mount, "Source", at)
         if _string(mount, "Type", at) != "volume" or not source:
             continue

@@ -5,16 +5,17 @@ Each head is written again from what h11 parsed, its body framed again (a Conten
 chunks of the proxy's own), so the engine reads exactly the requests the proxy read: never a
 request hidden, by a framing the two parse differently, in what the proxy took for a body.
 Bodies pass raw (spliced) where their length is known, except those of creations, which are
-read whole, within MAX_BODY and the proxy's Budget, to be labelled (creation.py). A request
-h11 cannot parse is refused and the connection closed; the client's bytes go raw only once
-the engine has hijacked the connection (responses.py says when).
+read whole, within MAX_BODY and the proxy's Budget, to be labelled (creation.py). Heads are
+bounded in all too: HEAD_FREE bytes of one on a connection's own, a longer one within one of
+the Budget's HEAD_SHARES. Nothing shared is held while a request waits for the responses
+before it, which may never end (GET /events): the engine reads no request meanwhile. A
+request h11 cannot parse is refused and the connection closed; the client's bytes go raw
+only once the engine has hijacked the connection (responses.py says when).
 """
 
 from __future__ import annotations
 
 import contextlib
-import http
-import json
 import select
 import socket
 import threading
@@ -23,30 +24,40 @@ from collections.abc import Iterator
 
 import h11
 
-from exitwatch.runner import creation, relay, routes, volumes
+from exitwatch.runner import creation, framing, relay, routes, volumes
 from exitwatch.runner.policy import Refuse
 from exitwatch.runner.responses import HTTP, RAW, Responses
 from exitwatch.runner.routes import Route
 
 CHUNK = 64 * 1024  # bytes per read of a request
+# Bytes of a request head that a connection reads on its own. The docker CLI's heads are
+# under 1 KiB, 6 KiB with an X-Registry-Auth of a long token; a legacy build's
+# X-Registry-Config, every registry's credentials, can be longer.
+HEAD_FREE = 16 * 1024
 MAX_HEAD = 1024 * 1024  # the engine's own limit (Go's DefaultMaxHeaderBytes)
+HEAD_SHARES = 4  # heads longer than HEAD_FREE held at once, across connections
 MAX_BODY = 4 * 1024 * 1024  # bytes of a creation's body; a create config is a few KiB
 BUDGET = 2 * MAX_BODY  # bytes of creation bodies held at once, across connections
-BODY_DEADLINE = 10.0  # seconds for a creation's body to arrive once its bytes are reserved
+BODY_DEADLINE = 10.0  # seconds for a creation's body to begin; then, its share held, to end
 DRAIN = (2.0, 8 * 1024 * 1024)  # what is read and dropped after a refusal, before closing
+HANGUP_CHECK = 0.5  # seconds between looks, while a request waits, at whether its client left
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Budget:
     """Bytes that the connections of one proxy may hold of creation bodies at once. One that
-    cannot have its share waits for it before it reads its body, holding nothing more. A
-    share is held while its body arrives (BODY_DEADLINE at most), is labelled, and has its
-    named volumes created, so none waits for long."""
+    cannot have its share waits for it before it reads its body, holding nothing more; none
+    asks for one before its body has begun to come. A share is held while its body arrives
+    (BODY_DEADLINE at most), is labelled, and has its named volumes created, so none waits
+    for long. `heads` is the like for request heads
+    longer than HEAD_FREE: a share of MAX_HEAD each, held from HEAD_FREE bytes on until
+    the request has gone on, its head whole within BODY_DEADLINE."""
 
     def __init__(self, total: int = BUDGET) -> None:
         self._total, self._used = total, 0
         self._cond = threading.Condition()
         self.parsing = threading.Lock()  # one body parsed at a time: the parse's own memory
+        self.heads = threading.BoundedSemaphore(HEAD_SHARES)
 
     @contextlib.contextmanager
     def hold(self, n: int) -> Iterator[None]:
@@ -106,56 +117,100 @@ class Reader:
     def _request(self) -> bool:
         """Read one request and send it on; False once the client has closed."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
-        raw = bytearray(self.pending)
-        if self.pending:  # b"" would tell h11 the client closed
-            conn.receive_data(self.pending)
-        try:
-            event = self._next(conn, raw)
-        except _WentRaw:
-            self.pending = bytes(raw)
-            return True
-        except h11.RemoteProtocolError as err:
-            raise _Refusal(400, f"not a request the proxy can read: {err}", close=True) from None
-        if isinstance(event, h11.ConnectionClosed):
-            self.upstream.shutdown(socket.SHUT_WR)
-            return False
-        assert isinstance(event, h11.Request)
-        try:
-            found = routes.route(event.method, event.target)
-        except routes.Refused as err:
-            raise _Refusal(400, str(err), close=True) from None
-        if found.creates:
-            self._create(conn, event, found)
-        else:
-            self._forward(conn, event, found)
+        buffered, self.pending = self.pending, b""  # h11's now, or the stream's if it goes raw
+        if buffered:  # b"" would tell h11 the client closed
+            conn.receive_data(buffered)
+        with contextlib.ExitStack() as share:
+            try:
+                event = self._read_head(conn, len(buffered), share)
+            except _WentRaw:
+                return True
+            except h11.RemoteProtocolError as err:
+                raise _Refusal(
+                    400, f"not a request the proxy can read: {err}", close=True
+                ) from None
+            if isinstance(event, h11.ConnectionClosed):
+                self.upstream.shutdown(socket.SHUT_WR)
+                return False
+            assert isinstance(event, h11.Request)
+            if event.http_version == b"1.0" and framing.content_length(event) is None:
+                # Go ignores Transfer-Encoding on HTTP/1.0: it would read the chunks as requests.
+                raise _Refusal(400, "an HTTP/1.0 request with a chunked body", close=True)
+            try:
+                found = routes.route(event.method, event.target)
+            except routes.Refused as err:
+                raise _Refusal(400, str(err), close=True) from None
+            if found.creates or (found is Route.LEGACY_START and framing.start_body(event)):
+                self._create(conn, event, found)
+            else:
+                self._forward(conn, event, found)
         return True
 
-    def _next(
-        self, conn: h11.Connection, raw: bytearray | None = None, deadline: float | None = None
+    def _read_head(
+        self, conn: h11.Connection, buffered: int, share: contextlib.ExitStack
     ) -> h11.Event:
-        """h11's next event, reading as needed (into `raw` too, if given)."""
+        """The request's head (or the client's close), `buffered` bytes of it in `conn` already.
+        Past HEAD_FREE bytes, it first waits for the responses before it to go out, so that
+        it goes on at once once read, then takes one of the budget's head shares (into
+        `share`) and must be whole within BODY_DEADLINE."""
+        deadline = None
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            self._readable(deadline)
-            data = self.client.recv(CHUNK)
-            if raw is not None:
-                raw += data
-            if self.responses.state == RAW:
-                raise _WentRaw()  # these bytes are the stream's, not a request's
-            conn.receive_data(data)
+            if deadline is None and buffered >= HEAD_FREE:
+                if not self._wait_idle():
+                    self._not_http(conn, b"")
+                share.enter_context(self.budget.heads)
+                deadline = time.monotonic() + BODY_DEADLINE
+            size = CHUNK if deadline is not None else HEAD_FREE - buffered
+            buffered += self._receive(conn, size, deadline, "the request's head")
 
-    def _readable(self, deadline: float | None) -> None:
+    def _next(self, conn: h11.Connection, deadline: float | None = None) -> h11.Event:
+        """h11's next event within a body, reading as needed."""
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self._receive(conn, CHUNK, deadline, "the creation's body")
+
+    def _receive(self, conn: h11.Connection, size: int, deadline: float | None, what: str) -> int:
+        """Read up to `size` bytes into `conn`, once the client has sent some (by `deadline`,
+        else 408 for `what`); how many."""
+        self._readable(deadline, what)
+        data = self.client.recv(size)
+        if self.responses.state == RAW:
+            self._not_http(conn, data)
+        conn.receive_data(data)
+        return len(data)
+
+    def _not_http(self, conn: h11.Connection, data: bytes) -> None:
+        """The engine's side is HTTP no longer: `data`, and what h11 holds unread, are the
+        stream's if the engine hijacked the connection (_WentRaw); else it is cut."""
+        if self.responses.state == RAW:
+            self.pending = conn.trailing_data[0] + data
+            raise _WentRaw()
+        raise ConnectionAbortedError("the engine's side is no longer HTTP")
+
+    def _readable(self, deadline: float | None, what: str) -> None:
         """Wait until the client has sent something: recv() allocates its whole buffer
         before it blocks, and 64 idle keep-alive connections would each hold one."""
         poll = select.poll()
         poll.register(self.client, select.POLLIN)
         timeout = None if deadline is None else max(0, deadline - time.monotonic()) * 1000
         if not poll.poll(timeout):
-            raise _Refusal(
-                408, f"the creation's body did not come within {BODY_DEADLINE:.0f} s", close=True
-            )
+            raise _Refusal(408, f"{what} did not come within {BODY_DEADLINE:.0f} s", close=True)
+
+    def _wait_idle(self) -> bool:
+        """Wait until every response so far has gone out; whether the engine's side is HTTP
+        still. Raises ConnectionResetError once the client has hung up meanwhile: a request
+        behind an endless response would otherwise wait for as long as the engine's side."""
+        hangup = select.poll()
+        hangup.register(self.client, 0)  # POLLHUP and POLLERR come unasked
+        while (idle := self.responses.wait_idle(HANGUP_CHECK)) is None:
+            if hangup.poll(0):
+                raise ConnectionResetError("the client hung up while its request waited")
+        return idle
 
     # -- creations ------------------------------------------------------------------------------
 
@@ -166,27 +221,34 @@ class Reader:
         if len(expects) > 1:
             raise _Refusal(400, "a creation with more than one Expect header", close=True)
         answer_100 = bool(expects) and expects[0].lower() == b"100-continue"
-        length = _content_length(request)
+        length = framing.content_length(request)
         if length is not None and length > MAX_BODY:
             raise _Refusal(413, _too_long(f"{length} bytes"), close=True)
+        # The engine reads this request once every response before it has gone out: a share
+        # taken before would be held for as long as those take (an events stream: for good).
+        if not self._wait_idle():
+            raise ConnectionAbortedError("the engine's side ended before the creation")
+        if answer_100 and conn.client_is_waiting_for_100_continue:
+            self.client.sendall(CONTINUE)
+        if length != 0 and not conn.trailing_data[0]:
+            # Nor before its body has begun to come (a client that asked for the 100 sends
+            # it only now): this wait holds nothing shared, and is bounded too.
+            self._readable(time.monotonic() + BODY_DEADLINE, "the creation's body")
         with self.budget.hold(MAX_BODY if length is None else length):
-            if answer_100 and conn.client_is_waiting_for_100_continue:
-                if not self.responses.wait_idle():
-                    raise ConnectionAbortedError("the engine's side ended before the 100")
-                self.client.sendall(CONTINUE)
             body = self._whole_body(conn, length)
             try:
                 with self.budget.parsing:
                     done = creation.label(found, body, self.owner)
             except creation.Refused as err:
                 raise _Refusal(400, str(err), close=False) from None
+            del body  # what goes on is done.body: the body that came is not held meanwhile
             for volume in done.volumes:
                 problem = volumes.create(self.engine, volume)
                 if problem:
                     raise _Refusal(*problem, close=False)
-            framing = [(b"Content-Length", b"%d" % len(done.body))]
+            sized = [(b"Content-Length", b"%d" % len(done.body))]
             drop = (b"expect",) if answer_100 else ()
-            head = _head(request, request.target, framing, drop)
+            head = framing.head_again(request, request.target, sized, drop)
             self.responses.expect(False, False)
             if len(done.body) > CHUNK:  # not copied once more to join them
                 self.upstream.sendall(head)
@@ -207,7 +269,7 @@ class Reader:
         self.pending = rest[got:]
         view = memoryview(body)
         while got < length:
-            self._readable(deadline)
+            self._readable(deadline, "the creation's body")
             n = self.client.recv_into(view[got:])
             if not n:
                 raise ConnectionResetError("the client closed the connection inside a body")
@@ -217,7 +279,7 @@ class Reader:
     def _chunked_body(self, conn: h11.Connection, deadline: float) -> bytearray:
         body = bytearray()
         while True:
-            event = self._next(conn, None, deadline)
+            event = self._next(conn, deadline)
             if isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > MAX_BODY:
@@ -234,8 +296,8 @@ class Reader:
         target = request.target
         if found is Route.BUILD:
             target = routes.build_target(target)
-        hijacking = found in (Route.ATTACH, Route.EXEC_START) or _upgrades(request)
-        chunked = _content_length(request) is None
+        hijacking = found in (Route.ATTACH, Route.EXEC_START) or framing.upgrades(request)
+        chunked = framing.content_length(request) is None
         item = self.responses.expect(request.method == b"HEAD", hijacking)
         if chunked:
             self._chunked(conn, request, target)
@@ -246,10 +308,10 @@ class Reader:
 
     def _sized(self, conn: h11.Connection, request: h11.Request, target: bytes) -> None:
         """Send a request of known length on: its head again, its body as it comes."""
-        length = _content_length(request) or 0
-        framing = [(b"Content-Length", b"%d" % length)] if _has_length(request) else []
+        length = framing.content_length(request) or 0
+        sized = [(b"Content-Length", b"%d" % length)] if framing.has_length(request) else []
         rest = conn.trailing_data[0]
-        self.upstream.sendall(_head(request, target, framing) + rest[:length])
+        self.upstream.sendall(framing.head_again(request, target, sized) + rest[:length])
         self.pending = rest[length:]
         left = length - min(length, len(rest))
         if left and relay.copy(self.client, self.upstream, left) < left:
@@ -257,7 +319,9 @@ class Reader:
 
     def _chunked(self, conn: h11.Connection, request: h11.Request, target: bytes) -> None:
         """Send a chunked request on, in chunks of its own: h11 found where it ends."""
-        self.upstream.sendall(_head(request, target, [(b"Transfer-Encoding", b"chunked")]))
+        self.upstream.sendall(
+            framing.head_again(request, target, [(b"Transfer-Encoding", b"chunked")])
+        )
         while True:
             event = self._next(conn)
             if isinstance(event, h11.Data):
@@ -276,9 +340,9 @@ class Reader:
     def _refuse(self, refusal: _Refusal) -> bool:
         """Answer with `refusal` in its turn; whether the connection goes on. After a
         refusal that closes it, the engine's side is ended too."""
-        if not self.responses.wait_idle():
+        if not self._wait_idle():
             return False
-        self.client.sendall(_answer(refusal.status, str(refusal), refusal.close))
+        self.client.sendall(framing.answer(refusal.status, str(refusal), refusal.close))
         if not refusal.close:
             return True
         with contextlib.suppress(OSError):
@@ -299,59 +363,6 @@ class Reader:
             if not n:
                 return
             left -= n
-
-
-def _content_length(request: h11.Request) -> int | None:
-    """The body's length, None for a chunked body (h11 has checked the framing)."""
-    if any(name == b"transfer-encoding" for name, _ in request.headers):
-        return None
-    for name, value in request.headers:
-        if name == b"content-length":
-            return int(value)
-    return 0
-
-
-def _has_length(request: h11.Request) -> bool:
-    return any(name == b"content-length" for name, _ in request.headers)
-
-
-def _upgrades(request: h11.Request) -> bool:
-    for name, value in request.headers:
-        if name == b"upgrade":
-            return True
-        if name == b"connection" and b"upgrade" in (t.strip().lower() for t in value.split(b",")):
-            return True
-    return False
-
-
-def _head(
-    request: h11.Request,
-    target: bytes,
-    framing: list[tuple[bytes, bytes]],
-    drop: tuple[bytes, ...] = (),
-) -> bytes:
-    """The head of `request` again, for `target`, its framing now `framing`."""
-    lines = [b"%s %s HTTP/%s" % (request.method, target, request.http_version)]
-    for name, value in request.headers.raw_items():
-        if name.lower() not in (b"content-length", b"transfer-encoding", *drop):
-            lines.append(name + b": " + value)
-    lines += [name + b": " + value for name, value in framing]
-    return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-def _answer(status: int, message: str, close: bool) -> bytes:
-    """An error answer like the engine's own, which the docker CLI prints."""
-    body = json.dumps({"message": f"exitwatch: {message}"}).encode() + b"\n"
-    try:
-        reason = http.HTTPStatus(status).phrase
-    except ValueError:  # a status of the engine's own making
-        reason = "Error"
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        + ("Connection: close\r\n" if close else "")
-    )
-    return head.encode() + b"\r\n" + body
 
 
 def _too_long(size: str) -> str:

@@ -26,7 +26,9 @@ from exitwatch.runner import relay
 # Bytes per read of the engine's responses. Larger reads made a new connection's _ping
 # 0.3 ms slower (the buffer past glibc's mmap threshold), and `docker cp` no faster.
 CHUNK = 64 * 1024
-MAX_HEAD = 1024 * 1024  # a response head longer than this is not one the proxy reads
+# A response head longer than this is not one the proxy reads. The engine's are a few hundred
+# bytes; the longest, a redirect's Location, is the request's path escaped (up to 3 times).
+MAX_HEAD = 64 * 1024
 MAX_LINE = 64 * 1024  # a chunk-size line or trailer longer than this, likewise
 SPLICE_FROM = 64 * 1024  # bytes of a body left to pass: spliced from this many on
 RAW_TYPES = (b"application/vnd.docker.raw-stream", b"application/vnd.docker.multiplexed-stream")
@@ -35,7 +37,8 @@ RAW_TYPES = (b"application/vnd.docker.raw-stream", b"application/vnd.docker.mult
 # What the engine's side of the connection is: HTTP responses still; raw bytes, for good (a
 # hijack, or a body that ends with the connection: the engine reads no request after either);
 # or ended (closed, or bytes that are not HTTP as the proxy reads them, which pass on as they
-# are, while the engine may still read requests: none may follow).
+# are until the engine closes, while it might still read requests: it is sent no more, so
+# that it ends its side once its answers are out, and the client then sees the end).
 HTTP, RAW, ENDED = "http", "raw", "ended"
 
 
@@ -79,11 +82,13 @@ class Responses:
         item.answered.wait()
         return self.state
 
-    def wait_idle(self) -> bool:
+    def wait_idle(self, timeout: float | None = None) -> bool | None:
         """Wait until every response so far has gone out; False if the engine's side is no
-        longer HTTP, so that no answer of the proxy's own may follow."""
+        longer HTTP, so that no answer of the proxy's own may follow; None if `timeout`
+        seconds passed first."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._queue or self.state != HTTP)
+            if not self._cond.wait_for(lambda: not self._queue or self.state != HTTP, timeout):
+                return None
             return self.state == HTTP
 
     # -- the thread -----------------------------------------------------------------------------
@@ -94,6 +99,8 @@ class Responses:
                 while self._response():
                     pass
             except _Lost:
+                self._end(ENDED)
+                self._up.shutdown(socket.SHUT_WR)  # no request after this one reaches it
                 self._raw(ENDED)
             self._client.shutdown(socket.SHUT_WR)
         except OSError:

@@ -26,6 +26,9 @@ class Route(enum.Enum):
     BUILD = "build"
     ATTACH = "attach"
     EXEC_START = "exec start"
+    # A container start under API version < 1.24, whose body the engine reads as a
+    # HostConfig: its named volumes are made then (moby's postContainersStart).
+    LEGACY_START = "legacy container start"
     OTHER = "other"
 
     @property
@@ -42,7 +45,9 @@ _POST_ROUTES = [
     (re.compile(_VERSION + r"/build"), Route.BUILD),
     (re.compile(_VERSION + r"/containers/.*/attach"), Route.ATTACH),
     (re.compile(_VERSION + r"/exec/.*/start"), Route.EXEC_START),
+    (re.compile(r"(?:/v(?P<version>[0-9.]+))?/containers/.*/start"), Route.LEGACY_START),
 ]
+NO_START_BODY = (1, 24)  # the API version from which a container start reads no body
 
 
 class Refused(Exception):
@@ -71,9 +76,25 @@ def route(method: bytes, target: bytes) -> Route:
 
 def _match(path: str) -> Route:
     for pattern, found in _POST_ROUTES:
-        if pattern.fullmatch(path):
+        if matched := pattern.fullmatch(path):
+            if found is Route.LEGACY_START and not _old(matched["version"]):
+                return Route.OTHER
             return found
     return Route.OTHER
+
+
+def _old(version: str | None) -> bool:
+    """Whether the API `version` of a path's prefix is before NO_START_BODY, as moby's
+    versions.LessThan compares them: the numbers between dots, a missing or empty one as 0.
+    No prefix is the engine's current version."""
+    if version is None:
+        return False
+    numbers = [int(n) if n else 0 for n in version.split(".")]
+    width = max(len(numbers), len(NO_START_BODY))
+    return (*numbers, *[0] * (width - len(numbers))) < (
+        *NO_START_BODY,
+        *[0] * (width - len(NO_START_BODY)),
+    )
 
 
 def request_path(target: str) -> str | None:

@@ -6,39 +6,29 @@ error answer and nothing is created. Then Expect: 100-continue, and the body lim
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 
-import h11
 import pytest
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.owner import owner_of
-from exitwatch.runner.policy import Always, Owner, Policy, Refuse
-from exitwatch.runner.proxy import Proxy, listen
+from exitwatch.runner.policy import Always, Owner, Refuse
 from exitwatch.runner.reader import MAX_BODY
 
-OWNER = str(owner_of())
-DEADLINE = 30.0  # seconds for any one exchange: a hang fails the test instead of holding it
-
-
-@contextlib.contextmanager
-def serving(engine, policy: Policy) -> Iterator[str]:
-    """The path of a labelling socket in front of the private engine, with `policy`."""
-    where = tempfile.mkdtemp(prefix="exitwatch-proxy-", dir="/tmp")
-    proxy = Proxy(listen(where), str(engine.socket), policy)
-    proxy.start()
-    try:
-        yield f"{where}/docker.sock"
-    finally:
-        proxy.stop()
-        shutil.rmtree(where)
+from support.proxying import (
+    DEADLINE,
+    OWNER,
+    config,
+    containers,
+    exchange,
+    post,
+    serving,
+    volumes,
+)
 
 
 @pytest.fixture
@@ -46,57 +36,6 @@ def proxied(engine) -> Iterator[str]:
     """A run's socket: every creation labelled with OWNER."""
     with serving(engine, Always(OWNER)) as path:
         yield path
-
-
-def exchange(path: str, data: bytes, count: int) -> list[tuple[int, bytes]]:
-    """Send `data` on one connection; the (status, body) of up to `count` responses, fewer
-    if the connection ends first."""
-    out: list[tuple[int, bytes]] = []
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(DEADLINE)
-        s.connect(path)
-        s.sendall(data)
-        conn = h11.Connection(h11.CLIENT)
-        status, body = 0, b""
-        while len(out) < count:
-            if conn.our_state is h11.IDLE:  # h11 reads a response only after a request
-                conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
-                conn.send(h11.EndOfMessage())
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(s.recv(65536))
-            elif isinstance(event, h11.Response):
-                status, body = event.status_code, b""
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                out.append((status, body))
-                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-                    break
-                conn.start_next_cycle()
-            elif isinstance(event, h11.ConnectionClosed):
-                break
-    return out
-
-
-def post(target: bytes, body: bytes, *headers: bytes) -> bytes:
-    head = b"POST %s HTTP/1.1\r\nHost: docker\r\nContent-Type: application/json\r\n" % target
-    head += b"".join(h + b"\r\n" for h in headers)
-    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-
-
-def config(image: str, **extra: object) -> bytes:
-    return json.dumps({"Image": image, "Cmd": ["true"], **extra}).encode()
-
-
-def containers(engine) -> dict[str, dict]:
-    """Every container, by name: its labels."""
-    api = engine.client.api
-    return {c["Names"][0].lstrip("/"): c.get("Labels") or {} for c in api.containers(all=True)}
-
-
-def volumes(engine) -> list[dict]:
-    return [v.get("Labels") or {} for v in engine.client.api.volumes()["Volumes"] or []]
 
 
 # Each shape: (how to send it as `name`, how many responses to read, what the socket does).

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 
@@ -159,13 +161,20 @@ def _in_a_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     pid, fd = pty.fork()
     if pid == 0:  # pragma: no cover - the child execs at once
         os.execve(argv[0], argv, env)
+    # A ^C flushes what the terminal holds for its reader, and the kernel sends the signal
+    # before it flushes: a handler quick to print on the other core loses its line, with or
+    # without the wrapper. NOFLSH keeps it; the signal and who gets it are as before.
+    attrs = termios.tcgetattr(fd)
+    attrs[3] |= termios.NOFLSH
+    termios.tcsetattr(fd, termios.TCSANOW, attrs)
     shown = ""
 
     def until(text: str) -> None:
         nonlocal shown
         deadline = time.monotonic() + 60
         while text not in shown:
-            assert time.monotonic() < deadline, f"no {text!r} in {shown!r}"
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([fd], [], [], left)[0], f"no {text!r} in {shown!r}"
             try:
                 shown += os.read(fd, 4096).decode(errors="replace")
             except OSError:  # EIO: the other side closed

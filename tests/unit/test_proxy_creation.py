@@ -124,3 +124,33 @@ def test_the_named_volumes_of_a_container_create() -> None:
     assert label(NETWORK, body, OWNER).volumes == ()
     nothing = json.dumps({"Image": "x", "HostConfig": None}).encode()
     assert label(CONTAINER, nothing, OWNER).volumes == ()
+
+
+def test_a_create_s_hostconfig_fields_at_the_top_are_read_where_the_engine_reads_them() -> None:
+    """dockerd 20.10 reads HostConfig's fields at the top of the body where no HostConfig is
+    given (or a null one), and a VolumeDriver at the top for a HostConfig that names none."""
+    mine = {LABEL_OWNER: OWNER}
+    top = {"Binds": ["b:/b"], "Mounts": [{"Type": "volume", "Source": "m", "Target": "/m"}]}
+    for host in ({}, {"HostConfig": None}):
+        body = json.dumps({"Image": "x", **top, **host}).encode()
+        made = (Volume("b", "", {}, mine), Volume("m", "", {}, mine))
+        assert label(CONTAINER, body, OWNER).volumes == made
+    body = json.dumps({"Image": "x", "VolumeDriver": "d", "HostConfig": {"Binds": ["h:/h"]}})
+    assert label(CONTAINER, body.encode(), OWNER).volumes == (Volume("h", "d", {}, mine),)
+
+
+def test_a_legacy_start_s_body_goes_as_it_came_with_its_volumes() -> None:
+    mine = {LABEL_OWNER: OWNER}
+    for body in (b'{"Binds": ["v:/v", "/host:/h"]}', b'{"HostConfig": {"Binds": ["v:/v"]}}'):
+        done = label(Route.LEGACY_START, body, OWNER)
+        assert done.body == body and done.volumes == (Volume("v", "", {}, mine),)
+
+
+def test_a_labelled_body_grows_by_the_label_alone() -> None:
+    """Characters beyond ASCII go on as UTF-8, not as escapes of up to 12 bytes each."""
+    doc = {"Image": "x", "Env": ["W=" + "\U0001f600é" * 1000]}
+    body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    out = label(CONTAINER, body, OWNER).body
+    assert len(out) == len(body) + len(f',"Labels":{{"{LABEL_OWNER}":"{OWNER}"}}')
+    # A lone surrogate came as an escape, and goes on as one: it has no UTF-8.
+    assert b'"C=\\ud800"' in label(CONTAINER, b'{"Env":["C=\\ud800"]}', OWNER).body

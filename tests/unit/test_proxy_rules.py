@@ -117,6 +117,14 @@ def test_clean_path_is_gorilla_s(path: str, clean: str) -> None:
         (b"post", b"/containers/create", Route.OTHER),  # methods are case-sensitive
         (b"GET", b"//containers/create", Route.OTHER),  # redirected; not POST anyway
         (b"POST", b"/containers/../containers/json", Route.OTHER),  # redirected, no create
+        # A start reads a HostConfig body under API versions before 1.24 only.
+        (b"POST", b"/v1.23/containers/a/start", Route.LEGACY_START),
+        (b"POST", b"/v1.9/containers/a/start", Route.LEGACY_START),  # 9 < 24, as numbers
+        (b"POST", b"/v1..5/containers/a/start", Route.LEGACY_START),  # an empty number: 0
+        (b"POST", b"/v1.24/containers/a/start", Route.OTHER),
+        (b"POST", b"/v1.23.1/containers/a/start", Route.LEGACY_START),
+        (b"POST", b"/v2/containers/a/start", Route.OTHER),
+        (b"POST", b"/containers/a/start", Route.OTHER),  # the engine's own version
     ],
 )
 def test_route_is_the_engine_s(method: bytes, target: bytes, found: Route) -> None:

@@ -3,6 +3,8 @@ status, nothing run, nothing left behind."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from support.wrapper import env_for, run
@@ -28,12 +30,19 @@ def test_an_engine_that_is_not_a_unix_socket_is_refused(bases, tmp_path) -> None
     assert list(bases.iterdir()) == []
 
 
-def test_a_tmpdir_that_cannot_hold_the_runs_directory_is_one_line(bases, tmp_path) -> None:
-    done = run(["--", "touch", "ran"], env_for(bases, TMPDIR=str(tmp_path / "none")), cwd=tmp_path)
-    assert done.returncode == 125
+def test_a_missing_tmpdir_is_passed_over_for_tmp_with_one_line(bases, tmp_path) -> None:
+    # Whoever can remove root's TMPDIR must not be able to stop root's runs (review F9).
     where = tmp_path / "none"
-    assert done.stderr == f"exitwatch run: cannot make the run's directory in {where}: " + (
-        "No such file or directory\n"
+    done = run(
+        ["--", "sh", "-c", 'touch ran; echo "$TMPDIR"'],
+        env_for(bases, TMPDIR=str(where)),
+        cwd=tmp_path,
     )
-    assert not (tmp_path / "ran").exists()
-    assert list(bases.iterdir()) == []  # the socket's directory, made first, went too
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"exitwatch run: not using {where} (TMPDIR): No such file or directory; using /tmp\n"
+    )
+    assert done.stdout.startswith("/tmp/exitwatch-run-"), done.stdout
+    assert not Path(done.stdout.strip()).exists()
+    assert (tmp_path / "ran").exists() and not where.exists()
+    assert list(bases.iterdir()) == []

@@ -112,4 +112,4 @@ bench-smoke: deps bench-bins
 # others live; fails on a leak or a wrong removal. Never part of `make test`.
 .PHONY: soak
 soak: deps
-	PYTHONPATH=$(CURDIR) $(VPY) tests/soak.py
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(VPY) -m soak

@@ -279,7 +279,7 @@ class Agent:
             for res in snap.resources:
                 key = (res.kind, res.key)
                 if self.index.owner(*key) != res.owner and not self._removals.under_way(key):
-                    fresh.append(key)
+                    fresh.append(res)
                     self._handle(Found(res))
             listing = {r.key for r in snap.resources}
             for key in self.index.keys(snap.kind) - listing:
@@ -293,8 +293,7 @@ class Agent:
         for owner in self.index.owners():
             if not self._rechecks.waiting(owner):
                 self._confirm(owner, now)
-        orphaned = sum(1 for k in fresh if self._removals.under_way(k))  # their removal began
-        self._periodic.finished(scanned, listed, len(fresh), orphaned, self.recorder)
+        self._periodic.finished(scanned, listed, fresh, self._removals.under_way, self.recorder)
 
     # -- confirm --------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ class Last:
     run: int  # 0: the start-up listing; then 1, 2, ...
     took: float = 0.0  # seconds its listings took
     listed: int = 0  # resources listed
-    missed: int = 0  # of them, unknown to the index
+    missed: int = 0  # of them, unknown to the index though their watchers should have told
     orphaned: int = 0  # of those, of dead owners (being removed now)
     errors: tuple[str, ...] = ()  # the kinds it could not list, and why
 
@@ -61,6 +61,7 @@ class Periodic:
     def __init__(self, interval: float, kinds: Sequence[ResourceKind]) -> None:
         self.interval = interval
         self._kinds = list(kinds)
+        self._by_kind = {k.kind: k for k in self._kinds}
         self._submit: Callable[[object], None] | None = None
         self._next: float | None = None  # monotonic; None until the loop starts
         self._run = 0
@@ -150,10 +151,20 @@ class Periodic:
         return out
 
     def finished(
-        self, scanned: Scanned, listed: int, missed: int, orphaned: int, recorder: Recorder
+        self,
+        scanned: Scanned,
+        listed: int,
+        fresh: Sequence[Resource],
+        under_way: Callable[[tuple[str, str]], bool],
+        recorder: Recorder,
     ) -> None:
-        """Count, log and keep for status what the reconcile found: `missed` resources the
-        index did not hold, `orphaned` of them owned by the dead (now being removed)."""
+        """Count, log and keep for status what the reconcile found: of the `fresh` resources
+        the index did not hold, those missed (their kind's watcher should have told of them
+        by now: a polling one tells of a new one at its next pass, not at once), and how
+        many of those are of dead owners (their removal is `under_way`)."""
+        overdue = [r for r in fresh if self._by_kind[r.kind].overdue(r)]
+        missed, new = len(overdue), len(fresh) - len(overdue)
+        orphaned = sum(1 for r in overdue if under_way((r.kind, r.key)))
         recorder.count("reconciles")
         recorder.count("reconcile_missed", missed)
         if scanned.errors:
@@ -168,14 +179,16 @@ class Periodic:
             errors=scanned.errors,
         )
         problems = f"; could not list {'; '.join(scanned.errors)}" if scanned.errors else ""
+        early = f"; {new} more too new for their watcher to have told yet" if new else ""
         log.log(
             logging.WARNING if missed or scanned.errors else logging.INFO,
             "reconcile: listed %d resources in %.2f s; %d were unknown to the index, %d of "
-            "them of dead owners%s",
+            "them of dead owners%s%s",
             listed,
             scanned.took,
             missed,
             orphaned,
+            early,
             problems,
         )
 

@@ -136,6 +136,12 @@ class ResourceKind(abc.ABC):
         failure, report it in its Outcome.
         """
 
+    def overdue(self, res: Resource) -> bool:
+        """Whether this kind's watcher should have reported `res` by now. A reconcile that
+        lists a resource the index does not hold counts it as missed only then: a kind
+        whose watcher polls tells of a new resource at its next pass, not at once."""
+        return True
+
     def lane(self, res: Resource) -> Hashable:
         """The lane of `res`, where `lane_limit` is set."""
         return None

@@ -109,6 +109,14 @@ class Processes(ResourceKind):
                 self._failing = 0
             wait = self.interval
 
+    def overdue(self, res: Resource) -> bool:
+        """A rescan reads a new pid's environment within an interval, and one that took
+        the variables by exec within a full rescan (FULL_EVERY intervals): a process
+        younger than that, which a reconcile lists first, was not missed."""
+        starttime = int(res.key.rsplit(":", 1)[1])  # the key is "PID:STARTTIME"
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - starttime / os.sysconf("SC_CLK_TCK")
+        return age > (FULL_EVERY + 1) * self.interval
+
     def health(self) -> dict:
         with self._lock:
             return {

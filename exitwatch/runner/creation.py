@@ -51,16 +51,20 @@ class Labelled:
     volumes: tuple[Volume, ...]  # to create, labelled, before the container
 
 
-def label(route: Route, body: bytes | bytearray, owner: str) -> Labelled:
-    """The creation body `body` for `route` with `owner` added to its labels, and the named
-    volumes a container create would make. A body that names an owner of its own or asks
-    to be kept is sent as it came, its volumes left to the engine. Raises Refused."""
+def label(
+    route: Route, body: bytes | bytearray, owner: str, more: Mapping[str, str] | None = None
+) -> Labelled:
+    """The creation body `body` for `route` with `owner` (and the labels `more`) added to
+    its labels, and the named volumes a container create would make. A body that names an
+    owner of its own or asks to be kept is sent as it came, its volumes left to the engine.
+    Raises Refused."""
     doc = _decode(body)
     labels = _labels(doc, "Labels", "the body")
     if LABEL_OWNER in labels or kept(labels):
         return Labelled(body, ())
-    doc["Labels"] = {**labels, LABEL_OWNER: owner}
-    volumes = _volumes(doc, owner) if route is Route.CONTAINER_CREATE else ()
+    ours = {**(more or {}), LABEL_OWNER: owner}
+    doc["Labels"] = {**labels, **ours}
+    volumes = _volumes(doc, ours) if route is Route.CONTAINER_CREATE else ()
     return Labelled(json.dumps(doc, separators=(",", ":")).encode(), volumes)
 
 
@@ -154,7 +158,7 @@ def _string(obj: dict, name: str, where: str) -> str:
     return value
 
 
-def _volumes(doc: dict, owner: str) -> tuple[Volume, ...]:
+def _volumes(doc: dict, ours: Mapping[str, str]) -> tuple[Volume, ...]:
     """The named volumes of a container create's HostConfig: the Binds whose source is a
     name (not an absolute path, as the engine's mount parser tells them), and the Mounts
     of Type volume with a Source. Those whose own labels name an owner or ask to be kept
@@ -180,7 +184,4 @@ def _volumes(doc: dict, owner: str) -> tuple[Volume, ...]:
         name, opts = _string(config, "Name", at), _labels(config, "Options", at)
         if LABEL_OWNER not in labels and not kept(labels):
             found.setdefault(source, Volume(source, name, opts, labels))
-    return tuple(
-        Volume(v.name, v.driver, v.options, {**v.labels, LABEL_OWNER: owner})
-        for v in found.values()
-    )
+    return tuple(Volume(v.name, v.driver, v.options, {**v.labels, **ours}) for v in found.values())

@@ -23,43 +23,59 @@ from collections.abc import Iterator
 
 import h11
 
+from exitwatch.contract import LABEL_OWNER_NAME
 from exitwatch.runner import creation, relay, routes, volumes
-from exitwatch.runner.policy import Refuse
+from exitwatch.runner.policy import Owned, Refuse
 from exitwatch.runner.responses import HTTP, RAW, Responses
 from exitwatch.runner.routes import Route
 
 CHUNK = 64 * 1024  # bytes per read of a request
 MAX_HEAD = 1024 * 1024  # the engine's own limit (Go's DefaultMaxHeaderBytes)
 MAX_BODY = 4 * 1024 * 1024  # bytes of a creation's body; a create config is a few KiB
-BUDGET = 2 * MAX_BODY  # bytes of creation bodies held at once, across connections
+PER_OWNER = 2 * MAX_BODY  # bytes of creation bodies one owner's connections hold at once
+TOTAL = 4 * MAX_BODY  # bytes of creation bodies held at once, across all owners
 BODY_DEADLINE = 10.0  # seconds for a creation's body to arrive once its bytes are reserved
 DRAIN = (2.0, 8 * 1024 * 1024)  # what is read and dropped after a refusal, before closing
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Budget:
-    """Bytes that the connections of one proxy may hold of creation bodies at once. One that
-    cannot have its share waits for it before it reads its body, holding nothing more. A
-    share is held while its body arrives (BODY_DEADLINE at most), is labelled, and has its
-    named volumes created, so none waits for long."""
+    """Bytes that the connections of one proxy may hold of creation bodies at once: PER_OWNER
+    for each owner's connections together, TOTAL over all. One that cannot have its share
+    waits for it before it reads its body, holding nothing more. A share is held while its
+    body arrives (BODY_DEADLINE at most), is labelled, and has its named volumes created,
+    so none waits for long; and one owner's slow clients, which hold at most PER_OWNER,
+    never make another owner's creations wait (it takes two owners' to fill TOTAL)."""
 
-    def __init__(self, total: int = BUDGET) -> None:
-        self._total, self._used = total, 0
+    def __init__(self, total: int = TOTAL, per_owner: int = PER_OWNER) -> None:
+        self._total, self._per_owner, self._used = total, per_owner, 0
+        self._by_owner: dict[str, int] = {}
         self._cond = threading.Condition()
         self.parsing = threading.Lock()  # one body parsed at a time: the parse's own memory
 
     @contextlib.contextmanager
-    def hold(self, n: int) -> Iterator[None]:
-        """Hold `n` bytes of the budget (all of it, at most) for the `with` block."""
-        n = min(n, self._total)
+    def hold(self, n: int, owner: str = "") -> Iterator[None]:
+        """Hold `n` bytes of `owner`'s budget (all of one share, at most) for the block."""
+        n = min(n, self._total, self._per_owner)
+
+        def fits() -> bool:
+            mine = self._by_owner.get(owner, 0)
+            return self._used + n <= self._total and mine + n <= self._per_owner
+
         with self._cond:
-            self._cond.wait_for(lambda: self._used + n <= self._total)
+            self._cond.wait_for(fits)
             self._used += n
+            self._by_owner[owner] = self._by_owner.get(owner, 0) + n
         try:
             yield
         finally:
             with self._cond:
                 self._used -= n
+                left = self._by_owner[owner] - n
+                if left:
+                    self._by_owner[owner] = left
+                else:  # no owner is remembered once it holds nothing
+                    del self._by_owner[owner]
                 self._cond.notify_all()
 
 
@@ -75,13 +91,13 @@ class _WentRaw(Exception):
 
 class Reader:
     """Reads the requests of `client` and sends them on to `upstream` (run()), labelling
-    creations with `owner`; `responses` is the connection's other half."""
+    creations with `owner` (or refusing them); `responses` is the connection's other half."""
 
     def __init__(
         self,
         client: socket.socket,
         upstream: socket.socket,
-        owner: str | Refuse,
+        owner: Owned | Refuse,
         responses: Responses,
         engine: str,
         budget: Budget,
@@ -169,7 +185,8 @@ class Reader:
         length = _content_length(request)
         if length is not None and length > MAX_BODY:
             raise _Refusal(413, _too_long(f"{length} bytes"), close=True)
-        with self.budget.hold(MAX_BODY if length is None else length):
+        owner = self.owner
+        with self.budget.hold(MAX_BODY if length is None else length, owner.owner):
             if answer_100 and conn.client_is_waiting_for_100_continue:
                 if not self.responses.wait_idle():
                     raise ConnectionAbortedError("the engine's side ended before the 100")
@@ -177,7 +194,8 @@ class Reader:
             body = self._whole_body(conn, length)
             try:
                 with self.budget.parsing:
-                    done = creation.label(found, body, self.owner)
+                    more = {LABEL_OWNER_NAME: owner.name} if owner.name else None
+                    done = creation.label(found, body, owner.owner, more)
             except creation.Refused as err:
                 raise _Refusal(400, str(err), close=False) from None
             for volume in done.volumes:

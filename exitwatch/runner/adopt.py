@@ -8,8 +8,10 @@ activation by systemd, its file and its mode) is listening.py's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import resource
 import threading
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -50,6 +52,7 @@ def serve(settings: Settings, stop: threading.Event, env: MutableMapping[str, st
             f"exitwatch adopt must run in the host's {foreign} namespace: owners are named "
             "by their host pids and start times"
         )
+    _more_files()
     listening = _listening(settings, env)
     try:
         _not_itself(listening, settings.engine)
@@ -74,6 +77,16 @@ def serve(settings: Settings, stop: threading.Event, env: MutableMapping[str, st
     finally:
         listening.close()
     log.info("stopped")
+
+
+def _more_files() -> None:
+    """Raise the soft limit of open files to the hard one: a connection holds four
+    descriptors (the client's, the engine's, a pipe while it streams), and 256 clients at
+    once would pass the usual soft limit of 1024. Under systemd, LimitNOFILE= sets both."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(OSError, ValueError):  # a filter that denies setrlimit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _listening(settings: Settings, env: MutableMapping[str, str]) -> Listening:

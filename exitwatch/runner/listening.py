@@ -166,8 +166,10 @@ def _checked_dir(path: str, make: bool = False) -> dirs.Base:
 def align(listening: Listening, engine: str) -> str | None:
     """Give the socket file the engine socket's owner, group and mode, never more on the
     way: the mode both allow first, then the owner, then the engine's mode. What changed
-    (one line), or None. Raises ListenError when the file is not ours any longer, or
-    cannot be changed; OSError when the engine's socket cannot be looked at."""
+    (one line), or None. A file that cannot be changed (a read-only /run, no CAP_CHOWN)
+    is served as it is if it grants no more than the engine's. Raises ListenError when the
+    file is no longer ours, or grants more and cannot be changed; OSError when the
+    engine's socket cannot be looked at."""
     want = os.stat(engine)
     path = listening.path
     st = os.lstat(path)
@@ -177,13 +179,30 @@ def align(listening: Listening, engine: str) -> str | None:
     have, wanted = (st.st_uid, st.st_gid, have_mode), (want.st_uid, want.st_gid, want_mode)
     if have == wanted:
         return None
+    was = f"{st.st_uid}:{st.st_gid} {have_mode:04o}"
     try:
         os.chmod(path, have_mode & want_mode)
         os.chown(path, want.st_uid, want.st_gid, follow_symlinks=False)
         os.chmod(path, want_mode)
     except OSError as err:
-        raise ListenError(f"cannot give {path} the engine socket's owner and mode: {err}") from None
-    return (
-        f"{path} now {want.st_uid}:{want.st_gid} {want_mode:04o} as the engine's {engine} "
-        f"(was {st.st_uid}:{st.st_gid} {have_mode:04o})"
-    )
+        st = os.lstat(path)
+        if _wider(st, want):
+            raise ListenError(
+                f"{path} ({st.st_uid}:{st.st_gid} {stat.S_IMODE(st.st_mode):04o}) lets in more "
+                f"than the engine's {engine} ({want.st_uid}:{want.st_gid} {want_mode:04o}), "
+                f"and cannot be given its owner and mode: {err.strerror or err}"
+            ) from None
+        return f"{path} is kept as it is ({was}), no wider than the engine's: {err.strerror}"
+    now = f"{want.st_uid}:{want.st_gid} {want_mode:04o}"
+    return f"{path} now {now} as the engine's {engine} (was {was})"
+
+
+def _wider(st: os.stat_result, want: os.stat_result) -> bool:
+    """Whether the file `st` lets some user in that the file `want` does not (root aside:
+    it may connect to either). Each class of `st`'s bits must be within the bits `want`
+    gives that same user: its owner's if the owner is the same, its group's if the group
+    is, its others' otherwise."""
+    mode, other = stat.S_IMODE(st.st_mode), want.st_mode & 0o007
+    owner = (want.st_mode >> 6) & 0o7 if st.st_uid == want.st_uid else other
+    group = (want.st_mode >> 3) & 0o7 if st.st_gid == want.st_gid else other
+    return bool((mode >> 6) & 0o7 & ~owner or (mode >> 3) & 0o7 & ~group or mode & 0o007 & ~other)

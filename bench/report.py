@@ -81,6 +81,19 @@ def targets(results: dict) -> list[dict]:
         _check(out, "wrapper", "stream throughput / direct", w["stream"]["ratio"], ">=", 0.9)
         _check(out, "wrapper", "wrapper RSS MB", w["wrapper_rss_mb"], "<=", 40)
         _check(out, "wrapper", f"failures of {w['clients']} clients", w["client_failures"], "<=", 0)
+    if "adopt" in s:
+        a = s["adopt"]
+        ping = a["ping_ms"]["overhead"].get("p95")
+        _check(out, "adopt", "new connection + _ping overhead p95 ms", ping, "<=", 1)
+        cs = a["create_start_ms"]["overhead"].get("p50")
+        _check(out, "adopt", "create+start overhead p50 ms", cs, "<=", 3)
+        _check(out, "adopt", "stream throughput / direct", a["stream"]["ratio"], ">=", 0.95)
+        lists = a["list"]
+        what = f"GET /containers/json, {lists['clients']} clients, throughput / direct"
+        _check(out, "adopt", what, lists["ratio"], ">=", 0.9)
+        _check(out, "adopt", f"failures of {a['clients']} clients", a["client_failures"], "<=", 0)
+        rss = max(a["adopt_rss_mb_peak"], a["cp"]["rss_mb"])
+        _check(out, "adopt", "adopt RSS MB (serving, and during the cp)", rss, "<=", 60)
     if "idle" in s:
         _check(out, "idle", "agent CPU %", s["idle"]["cpu_pct"], "<", 0.5)
         _check(out, "idle", "agent RSS MB", s["idle"]["rss_mb"], "<", 60)
@@ -217,6 +230,44 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
                 "wrapper",
                 "wrapper peak RSS MB, serving (with its cleanup)",
                 f"{w['wrapper_rss_mb']} ({w['wrapper_rss_mb_with_cleanup']})",
+            ),
+        ]
+    if "adopt" in s:
+        a = s["adopt"]
+        cs, ping, st, li, cp = a["create_start_ms"], a["ping_ms"], a["stream"], a["list"], a["cp"]
+        out += [
+            ("adopt", f"create+start, direct, {dist}", _dist(cs["direct"])),
+            ("adopt", f"create+start through the adopt socket, {dist}", _dist(cs["adopt"])),
+            (
+                "adopt",
+                f"create+start overhead, per trial (adopt - direct beside it), {dist}",
+                _dist(cs["overhead"]),
+            ),
+            (
+                "adopt",
+                f"new connection + `_ping`, attribution included, overhead per trial, {dist}",
+                _dist(ping["overhead"]),
+            ),
+            (
+                "adopt",
+                f"exec stream of {st['bytes'] >> 20} MiB: adopt / direct, MB/s",
+                f"{st['adopt_mb_s']} / {st['direct_mb_s']} = {st['ratio']}",
+            ),
+            (
+                "adopt",
+                f"`GET /containers/json`, {li['clients']} clients at once: adopt / direct, req/s",
+                f"{li['adopt_per_s']} / {li['direct_per_s']} = {li['ratio']}",
+            ),
+            ("adopt", f"{a['clients']} concurrent clients: failures", str(a["client_failures"])),
+            (
+                "adopt",
+                f"`docker cp` of {cp['bytes'] >> 20} MiB out: MB/s; adopt's peak RSS MB meanwhile",
+                f"{cp['adopt_mb_s']}; {cp['rss_mb']}",
+            ),
+            (
+                "adopt",
+                "adopt peak RSS MB, serving the rest (all along)",
+                f"{a['adopt_rss_mb']} ({a['adopt_rss_mb_peak']})",
             ),
         ]
     if "idle" in s:

@@ -22,12 +22,12 @@ from pathlib import Path
 import docker
 import psutil
 
-from bench import hooks, idle, latency, report, scale, storm, wrapper
+from bench import adopt, hooks, idle, latency, report, scale, storm, wrapper
 from bench.engine import Engine
 from bench.procs import end_owners, spawn_owners
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("latency", "storm", "idle", "scale", "hooks", "wrapper")
+SECTIONS = ("latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,12 @@ class Sizes:
     """create+start pairs through `exitwatch run`'s socket and directly."""
     wrapper_stream_mb: int = 256
     """Size of the stream read through the run's socket and directly, MiB."""
+    adopt_trials: int = 100
+    """create+start pairs through `exitwatch adopt`'s socket and directly."""
+    adopt_stream_mb: int = 256
+    """Size of the stream read through the adopt socket and directly, MiB."""
+    adopt_cp_mb: int = 1024
+    """Size of the `docker cp` out of a container through the adopt socket, MiB."""
 
 
 SMOKE = Sizes(
@@ -79,6 +85,9 @@ SMOKE = Sizes(
     reconcile_interval=1.0,
     wrapper_trials=3,
     wrapper_stream_mb=16,
+    adopt_trials=3,
+    adopt_stream_mb=16,
+    adopt_cp_mb=16,
 )
 
 
@@ -202,6 +211,13 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
             section(
                 "wrapper",
                 lambda: wrapper.run(engine, sizes.wrapper_trials, sizes.wrapper_stream_mb << 20),
+            )
+        if "adopt" in only:
+            section(
+                "adopt",
+                lambda: adopt.run(
+                    engine, sizes.adopt_trials, sizes.adopt_stream_mb << 20, sizes.adopt_cp_mb << 20
+                ),
             )
     finally:
         engine.close()

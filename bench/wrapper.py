@@ -37,7 +37,7 @@ CLIENTS = 64
 HOLD = "import os, sys; print(os.environ['DOCKER_HOST'], flush=True); sys.stdin.read()"
 
 
-class _Peak(threading.Thread):
+class Peak(threading.Thread):
     """Samples a process's RSS until stopped; the peak, in MB."""
 
     def __init__(self, pid: int) -> None:
@@ -57,7 +57,7 @@ class _Peak(threading.Thread):
         return round(self.peak / 2**20, 1)
 
 
-def _create_start(api: docker.APIClient, made: list[str]) -> float:
+def create_start(api: docker.APIClient, made: list[str]) -> float:
     """ms to create and start a container of `true`; it is gone again when this returns
     (or left in `made` for the end)."""
     t0 = time.perf_counter()
@@ -72,7 +72,7 @@ def _create_start(api: docker.APIClient, made: list[str]) -> float:
     return took
 
 
-def _ping_ms(host: str, trials: int) -> list[float]:
+def ping_ms(host: str, trials: int) -> list[float]:
     """Round trips of _ping, each on a connection of its own as a docker CLI makes them."""
     path = host.removeprefix("unix://")
     out = []
@@ -87,7 +87,7 @@ def _ping_ms(host: str, trials: int) -> list[float]:
     return out
 
 
-def _stream(api: docker.APIClient, cid: str, size: int) -> float:
+def stream(api: docker.APIClient, cid: str, size: int) -> float:
     """MB/s of an exec writing `size` bytes to its stdout, read raw off the connection."""
     eid = api.exec_create(cid, ["head", "-c", str(size), "/dev/zero"])["Id"]
     t0 = time.perf_counter()
@@ -129,7 +129,7 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         stdout=subprocess.PIPE,
         text=True,
     )
-    peak = _Peak(wrapper.pid)
+    peak = Peak(wrapper.pid)
     peak.start()
     made: list[str] = []
     try:
@@ -142,9 +142,9 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
             # does in the background (its log and layer writes, say).
             pair = [(direct, direct_api), (through, proxy_api)]
             for times, api in pair if n % 2 else reversed(pair):
-                times.append(_create_start(api, made))
-            ping_d += _ping_ms(engine.host, 5)
-            ping_p += _ping_ms(proxied, 5)
+                times.append(create_start(api, made))
+            ping_d += ping_ms(engine.host, 5)
+            ping_p += ping_ms(proxied, 5)
         cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]
         made.append(cid)
         direct_api.start(cid)
@@ -152,7 +152,7 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         for n in range(STREAM_ROUNDS):
             pair = [(d_rate, direct_api), (p_rate, proxy_api)]
             for rates, api in pair if n % 2 else reversed(pair):
-                rates.append(_stream(api, cid, stream_bytes))
+                rates.append(stream(api, cid, stream_bytes))
         with ThreadPoolExecutor(CLIENTS) as pool:
             failures = [f for f in pool.map(_client_work, [proxied] * CLIENTS, range(CLIENTS)) if f]
         direct_api.close()

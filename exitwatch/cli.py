@@ -18,7 +18,7 @@ import click
 from exitwatch import __version__, procfs, shutdown
 from exitwatch.runner.cli import labels, mark, on_death_cmd, run
 from exitwatch.service import logs
-from exitwatch.service.config import DEFAULT_PATH, Config, ConfigError, load
+from exitwatch.service.config import DEFAULT_PATH, Adopt, Config, ConfigError, load
 from exitwatch.sources import MODES
 
 log = logging.getLogger("exitwatch")
@@ -97,11 +97,11 @@ def _kinds(config: Config) -> dict:
         raise click.ClickException(str(err)) from None
 
 
-def _require_root(command: str) -> None:
+def _require_root(
+    command: str, why: str = "it removes other users' containers and workdirs"
+) -> None:
     if os.geteuid() != 0:
-        raise click.ClickException(
-            f"{command} must run as root: it removes other users' containers and workdirs"
-        )
+        raise click.ClickException(f"{command} must run as root: {why}")
     foreign = procfs.foreign_namespace("pid", "time")
     if foreign is not None:
         raise click.ClickException(
@@ -272,6 +272,64 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
             ) from None
     click.echo(json.dumps(doc, indent=2) if as_json else render(doc))
     sys.exit(code)
+
+
+@cli.command()
+@_config_path
+@_option(
+    "--listen",
+    metavar="PATH",
+    help=f"The socket to serve when systemd passes none [default: {Adopt.listen}].",
+)
+@_option(
+    "--docker-host",
+    "adopt_docker_host",
+    metavar="URL",
+    help="The engine to forward to (default: the agent's docker_host, DOCKER_HOST, or the socket).",
+)
+@click.option(
+    "--rule",
+    "rules",
+    multiple=True,
+    metavar="GLOB",
+    help="A command line that owns what its descendants create (repeatable; replaces the "
+    "file's rules), e.g. '*/inspect eval *'.",
+)
+def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
+    """Serve one labelling Docker socket for the whole host: each client's creations carry
+    its owner, found from its process (in a container: its init, or the nearest process
+    whose command line a rule matches; on the host: that process, else nobody).
+
+    SIGTERM or SIGINT stops it; under exitwatch-adopt.socket, one socket file serves across
+    restarts. docs/adopt.md has the recipes.
+    """
+    _require_root("exitwatch adopt", "its socket takes the engine socket's owner and group")
+    config = _config(config_path)
+    given = {"listen": listen, "docker_host": flags["adopt_docker_host"], "rules": flags["rules"]}
+    try:
+        config = replace(
+            config,
+            adopt=replace(config.adopt, **{k: v for k, v in given.items() if v not in (None, ())}),
+        )
+        config.validate()
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+    logs.setup(config.log_format)
+    from exitwatch.runner.adopt import AdoptError, Settings, serve
+    from exitwatch.runner.proxy import ProxyError, engine_path
+
+    url = config.adopt.docker_host or config.docker_host or os.environ.get("DOCKER_HOST", "")
+    try:
+        engine = engine_path({"DOCKER_HOST": url})
+    except ProxyError as err:
+        raise click.ClickException(str(err)) from None
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        serve(Settings(config.adopt.listen, engine, config.adopt.rules), stopping, os.environ)
+    except AdoptError as err:
+        raise click.ClickException(str(err)) from None
 
 
 def _since(text: str) -> float:

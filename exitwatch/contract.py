@@ -16,6 +16,9 @@ from exitwatch.owner import owner_of
 
 LABEL_OWNER = "exitwatch.owner"
 LABEL_KEEP = "exitwatch.keep"
+# What the owner is, for people, beside its label: `exitwatch adopt` names a container's
+# init "container NAME" there. `exitwatch status` shows it; nothing is decided by it.
+LABEL_OWNER_NAME = "exitwatch.owner-name"
 LABEL_COMPOSE_PROJECT = "com.docker.compose.project"
 MARKER = ".exitwatch-owner"
 MARKER_MAX_BYTES = 4096

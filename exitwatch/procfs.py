@@ -105,6 +105,58 @@ def identity(pid: int, proc: str = PROC) -> tuple[int, int, int]:
     return int(rest[19]), 0, 0
 
 
+def _read_bytes(path: str, pid: int, limit: int) -> bytes:
+    """Up to `limit` bytes of a file of /proc/PID. Raises ProcessLookupError when the
+    process is gone, OSError for any other failure."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError) as err:
+        raise ProcessLookupError(pid) from err
+    try:
+        chunks, left = [], limit
+        while left > 0:
+            try:
+                data = os.read(fd, min(left, 65536))
+            except ProcessLookupError as err:  # ESRCH: gone between open() and read()
+                raise ProcessLookupError(pid) from err
+            if not data:
+                break
+            chunks.append(data)
+            left -= len(data)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def nspid(pid: int, proc: str = PROC) -> tuple[int, ...]:
+    """PID's pids in each pid namespace it is in, from the one this /proc belongs to down to
+    its own (the NSpid line of /proc/PID/status): one pid for a process of that namespace,
+    and a last pid of 1 for a namespace's init. Any reader may read it. Raises
+    ProcessLookupError when the process is gone, OSError when the line cannot be read."""
+    data = _read_bytes(f"{proc}/{pid}/status", pid, 1 << 16)
+    for line in data.split(b"\n"):
+        if line.startswith(b"NSpid:"):
+            return tuple(int(p) for p in line.split()[1:])
+    if not data:  # the task went away meanwhile
+        raise ProcessLookupError(pid)
+    raise OSError(f"{proc}/{pid}/status has no NSpid line")
+
+
+def cmdline(pid: int, limit: int, proc: str = PROC) -> list[bytes]:
+    """PID's arguments (at most `limit` bytes of them), as /proc/PID/cmdline gives them:
+    none for a kernel thread or a zombie. Raises ProcessLookupError when it is gone."""
+    data = _read_bytes(f"{proc}/{pid}/cmdline", pid, limit)
+    if data.endswith(b"\0"):
+        data = data[:-1]
+    return data.split(b"\0") if data else []
+
+
+def cgroup(pid: int, proc: str = PROC) -> str:
+    """The text of /proc/PID/cgroup: its cgroup in each hierarchy, as this process's cgroup
+    namespace names them. Raises ProcessLookupError when it is gone."""
+    return _read_bytes(f"{proc}/{pid}/cgroup", pid, 1 << 16).decode("utf-8", "replace")
+
+
 def thread_ids(pid: int, proc: str = PROC) -> list[int]:
     """The ids of PID's live threads. Raises ProcessLookupError when the process is gone."""
     try:

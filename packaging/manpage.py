@@ -32,7 +32,7 @@ from mansource import (
 )
 
 from exitwatch.cli import cli
-from exitwatch.service.config import DEFAULT_PATH, Config
+from exitwatch.service.config import DEFAULT_PATH, TABLE, Adopt, Config
 
 DESCRIPTION = r"""
 Evaluation runners create Docker containers and scratch workdirs, and remove them when they
@@ -64,6 +64,14 @@ with
 once the owner is dead, the agent runs it as the user who registered it, and deletes the
 hook once it exits 0. A runner that labels nothing can be run under
 .BR exitwatch\-run (1).
+.PP
+.B exitwatch adopt
+serves one labelling Docker socket for the whole host, for runners that cannot be started
+under exitwatch\-run: mounted into a runner's container in place of /var/run/docker.sock,
+or named by DOCKER_HOST. The kernel names each client's process (SO_PEERCRED), even inside
+a container; what it creates is labelled with its owner: in a container, the nearest
+process whose command line a rule matches, else the container's init (the container's
+life); on the host, the nearest such process, else nobody, and it passes unlabelled.
 """
 
 FILES = [
@@ -75,6 +83,11 @@ FILES = [
     ("/run/exitwatch/", "Runtime directory: the status socket."),
     ("/var/spool/exitwatch/hooks/", "On-death hooks (mode 1733: anyone adds, only root lists)."),
     ("/lib/systemd/system/exitwatch.service", "The hardened systemd unit."),
+    (
+        "/lib/systemd/system/exitwatch-adopt.socket",
+        "The socket of exitwatch adopt, /run/exitwatch/docker.sock, held by systemd across "
+        "restarts of exitwatch-adopt.service; both disabled until enabled.",
+    ),
 ]
 
 SEE_ALSO = (
@@ -124,7 +137,11 @@ names.
 .B exitwatch reap
 and
 .B exitwatch status
-read the same file. It is TOML. Every key is optional: a key left out keeps its default,
+read the same file, and
+.B exitwatch adopt
+its
+.B [adopt]
+table. It is TOML. Every key is optional: a key left out keeps its default,
 and the Debian package installs the file with every key commented out at its default. A
 key given as an option on the command line wins over the file.
 .PP
@@ -146,6 +163,9 @@ source = "netlink"
 workdir_roots = ["/tmp", "/var/tmp", "/scratch"]
 metrics_addr = "127.0.0.1:9788"
 reconcile_interval = 300
+
+[adopt]
+rules = ["*/inspect eval *", "bench eval *"]
 """
 
 CONFIG_NOTES = r"""
@@ -157,8 +177,26 @@ in a drop\-in
 """
 
 
+def _settings(of: type, docs: dict[str, str], table: bool) -> list[str]:
+    out = []
+    for field in fields(of):
+        if not table and field.name == TABLE:
+            continue  # a table of its own: its section follows
+        value = "(unset)" if field.default is None else f"= {toml(field.default)}"
+        out += [
+            ".TP",
+            f"\\fB{esc(field.name)}\\fR {esc(value)}",
+            prose(docs[field.name]),
+            ".br",
+            f"Takes {esc(takes(field.name, table))}.",
+        ]
+        given = flags(field.name, table)
+        if given:
+            out += [".br", f"On the command line: {esc(', '.join(given))}."]
+    return out
+
+
 def exitwatch_toml_5() -> str:
-    docs = field_docs()
     out = [
         header("exitwatch.toml", 5, "File Formats"),
         ".SH NAME",
@@ -168,19 +206,11 @@ def exitwatch_toml_5() -> str:
         ".SH DESCRIPTION",
         CONFIG_DESCRIPTION.strip(),
         ".SH SETTINGS",
+        *_settings(Config, field_docs(Config), table=False),
+        f'.SS "[{TABLE}]"',
+        prose(Adopt.__doc__ or ""),
+        *_settings(Adopt, field_docs(Adopt), table=True),
     ]
-    for field in fields(Config):
-        value = "(unset)" if field.default is None else f"= {toml(field.default)}"
-        out += [
-            ".TP",
-            f"\\fB{esc(field.name)}\\fR {esc(value)}",
-            prose(docs[field.name]),
-            ".br",
-            f"Takes {esc(takes(field.name))}.",
-        ]
-        given = flags(field.name)
-        if given:
-            out += [".br", f"On the command line: {esc(', '.join(given))}."]
     out += [
         ".SH EXAMPLE",
         ".EX",

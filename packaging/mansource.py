@@ -18,7 +18,7 @@ import click
 
 from exitwatch import __version__
 from exitwatch.cli import cli
-from exitwatch.service.config import Config, ConfigError
+from exitwatch.service.config import TABLE, Adopt, Config, ConfigError
 
 
 def esc(text: str) -> str:
@@ -87,9 +87,10 @@ _TOML_TYPES = {
 }
 
 
-def field_docs() -> dict[str, str]:
-    """Each Config field's docstring: the string literal that follows the field."""
-    body = ast.parse(inspect.cleandoc(inspect.getsource(Config))).body[0]
+def field_docs(of: type = Config) -> dict[str, str]:
+    """Each field's docstring (of Config, or of its table Adopt): the string literal that
+    follows the field."""
+    body = ast.parse(inspect.cleandoc(inspect.getsource(of))).body[0]
     assert isinstance(body, ast.ClassDef)
     docs = {}
     for stmt, after in zip(body.body, body.body[1:], strict=False):
@@ -104,22 +105,27 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
-def _type(name: str) -> type:
-    hint = typing.get_type_hints(Config)[name]
+def _type(name: str, of: type = Config) -> type:
+    hint = typing.get_type_hints(of)[name]
     if isinstance(hint, types.UnionType):  # `str | None`: unset, or a string
         return next(a for a in typing.get_args(hint) if a is not type(None))
     return typing.get_origin(hint) or hint
 
 
-def takes(name: str) -> str:
-    """What key `name` takes, in the words of Config.validate()."""
-    kind = _type(name)
+def takes(name: str, table: bool = False) -> str:
+    """What key `name` (of the [adopt] table, with `table`) takes, in the words of
+    Config.validate()."""
+    kind = _type(name, Adopt if table else Config)
     bad = _OUT_OF_RANGE.get(kind)
     if bad is not None:
         try:
-            replace(Config(), **{name: bad}).validate()
+            if table:
+                replace(Config(), adopt=replace(Adopt(), **{name: bad})).validate()
+            else:
+                replace(Config(), **{name: bad}).validate()
         except ConfigError as err:
-            said = re.match(rf"{name}: expected (.*), got ", str(err))
+            key = f"{TABLE}.{name}" if table else name
+            said = re.match(rf"{re.escape(key)}: expected (.*), got ", str(err))
             if said:
                 return said[1]
     return "true or false" if kind is bool else f"a {_TOML_TYPES[kind]}"
@@ -136,11 +142,16 @@ def toml(value: object) -> str:
     return repr(value)
 
 
-def flags(name: str) -> list[str]:
-    """The command-line options that set key `name`, with the commands that take them."""
+def flags(name: str, table: bool = False) -> list[str]:
+    """The command-line options that set key `name` (of the [adopt] table, with `table`:
+    those of `exitwatch adopt`, whose own names may start with "adopt_"), with the commands
+    that take them."""
     top, found = root(), {}
+    names = {name, f"{TABLE}_{name}"} if table else {name}
     for cmd, ctx in commands(cli, top):
+        if (ctx.command_path == f"exitwatch {TABLE}") != table:
+            continue
         for param in cmd.get_params(ctx):
-            if isinstance(param, click.Option) and param.name == name:
+            if isinstance(param, click.Option) and param.name in names:
                 found.setdefault(param.opts[-1], []).append(ctx.command_path)
     return [f"{opt} ({', '.join(where)})" for opt, where in found.items()]

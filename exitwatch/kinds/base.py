@@ -19,6 +19,9 @@ class Resource:
     name: str = ""  # for people: container name, the path again, "ID: COMMAND" of a hook,
     # or "process PID (comm)"
     group: str | None = None  # compose project, where there is one
+    # What the owner is, for people, as the resource says (a label); by keyword alone, so
+    # that subclasses' fields keep their places.
+    owner_name: str = field(default="", kw_only=True)
 
 
 @dataclass(frozen=True)

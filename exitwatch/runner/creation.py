@@ -52,20 +52,23 @@ class Labelled:
     volumes: tuple[Volume, ...]  # to create, labelled, before the container
 
 
-def label(route: Route, body: bytes | bytearray, owner: str) -> Labelled:
-    """The creation body `body` for `route` with `owner` added to its labels, and the named
-    volumes a container create would make. A body that names an owner of its own or asks
-    to be kept is sent as it came, its volumes left to the engine. A legacy start's body,
-    which the engine reads as a create's for its HostConfig alone, has no labels: it is
-    sent as it came, with the volumes it would make. Raises Refused."""
+def label(
+    route: Route, body: bytes | bytearray, owner: str, more: Mapping[str, str] | None = None
+) -> Labelled:
+    """The creation body `body` for `route` with `owner` (and the labels `more`) added to
+    its labels, and the named volumes a container create would make. A body that names an
+    owner of its own or asks to be kept is sent as it came, its volumes left to the engine.
+    A legacy start's body, which the engine reads as a create's for its HostConfig alone,
+    has no labels: it is sent as it came, with the volumes it would make. Raises Refused."""
     doc = _decode(body)
+    ours = {**(more or {}), LABEL_OWNER: owner}
     if route is Route.LEGACY_START:
-        return Labelled(body, _created_volumes(doc, owner))
+        return Labelled(body, _created_volumes(doc, ours))
     labels = _labels(doc, "Labels", "the body")
     if LABEL_OWNER in labels or kept(labels):
         return Labelled(body, ())
-    doc["Labels"] = {**labels, LABEL_OWNER: owner}
-    volumes = _created_volumes(doc, owner) if route is Route.CONTAINER_CREATE else ()
+    doc["Labels"] = {**labels, **ours}
+    volumes = _created_volumes(doc, ours) if route is Route.CONTAINER_CREATE else ()
     return Labelled(_encode(doc), volumes)
 
 
@@ -168,7 +171,7 @@ def _string(obj: dict, name: str, where: str) -> str:
     return value
 
 
-def _created_volumes(doc: dict, owner: str) -> tuple[Volume, ...]:
+def _created_volumes(doc: dict, ours: Mapping[str, str]) -> tuple[Volume, ...]:
     """The named volumes of a container create: its HostConfig's, or, where that is missing
     or null, those of the HostConfig fields at the top of the body. dockerd 20.10 embeds a
     HostConfig in the body's struct beside "HostConfig", for old clients, and reads it in
@@ -177,13 +180,13 @@ def _created_volumes(doc: dict, owner: str) -> tuple[Volume, ...]:
     first from the top's fields are then the run's, unused, and go with it."""
     host = _field(doc, "HostConfig", "the body")
     if host is _MISSING:
-        return _volumes(doc, "", _TOP, owner)
+        return _volumes(doc, "", _TOP, ours)
     if not isinstance(host, dict):
         raise Refused("the body: HostConfig is not an object")
-    return _volumes(host, _string(doc, "VolumeDriver", _TOP), "HostConfig", owner)
+    return _volumes(host, _string(doc, "VolumeDriver", _TOP), "HostConfig", ours)
 
 
-def _volumes(host: dict, driver: str, where: str, owner: str) -> tuple[Volume, ...]:
+def _volumes(host: dict, driver: str, where: str, ours: Mapping[str, str]) -> tuple[Volume, ...]:
     """The named volumes of the HostConfig `host` (found at `where`; `driver`, the volume
     driver where it names none): the Binds whose source is a name (not an absolute path,
     as the engine's mount parser tells them), and the Mounts of Type volume with a Source.
@@ -207,7 +210,4 @@ def _volumes(host: dict, driver: str, where: str, owner: str) -> tuple[Volume, .
         name, opts = _string(config, "Name", at), _labels(config, "Options", at)
         if LABEL_OWNER not in labels and not kept(labels):
             found.setdefault(source, Volume(source, name, opts, labels))
-    return tuple(
-        Volume(v.name, v.driver, v.options, {**v.labels, LABEL_OWNER: owner})
-        for v in found.values()
-    )
+    return tuple(Volume(v.name, v.driver, v.options, {**v.labels, **ours}) for v in found.values())

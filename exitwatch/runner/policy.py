@@ -1,13 +1,14 @@
 """Whose a proxied connection's creations are: the one thing that tells one use of the
 labelling socket from another. `exitwatch run` labels every connection with the run's
-owner (Always); a socket for a whole host would find each client's owner from its
-credentials, pass an owner-less client through untouched, and refuse the creations of a
+owner (Always); `exitwatch adopt` (adopt.py) finds each client's owner from its
+credentials, passes an owner-less client through untouched, and refuses the creations of a
 client whose owner it could not find.
 """
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -19,7 +20,18 @@ class Refuse:
         self.reason = reason
 
 
-Owner = str | None | Refuse  # an owner string to label with; None: pass the connection through
+@dataclass(frozen=True)
+class Owned:
+    """An owner string to label with, and what the owner is, for people ("container
+    runner-1"; "" for nothing to say), which goes on the label exitwatch.owner-name."""
+
+    owner: str
+    name: str = ""
+
+
+# What a policy answers: an owner (a bare string: one with nothing more to say), or None:
+# the connection is nobody's and passes through untouched.
+Owner = str | Owned | None | Refuse
 
 
 class Policy(Protocol):

@@ -3,10 +3,10 @@ label added to what it creates.
 
 Each client connection gets a connection of its own to the engine, served by two threads:
 the requests (reader.py: read with h11, creations labelled as the engine will read them,
-bounded in memory by one Budget for the whole proxy) and the responses (responses.py: passed
-on byte for byte, read only as far as their framing). Whose a connection's creations are is
-the Policy's answer (policy.py), asked once per connection: `exitwatch run` labels them all
-with its own owner.
+bounded in memory by one Budget for the whole proxy, shared out by owner) and the responses
+(responses.py: passed on byte for byte, read only as far as their framing). Whose a
+connection's creations are is the Policy's answer (policy.py), asked once per connection:
+`exitwatch run` labels them all with its own owner, `exitwatch adopt` finds each client's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import h11
 
 from exitwatch.runner import relay
-from exitwatch.runner.policy import Policy, Refuse
+from exitwatch.runner.policy import Owned, Policy, Refuse
 from exitwatch.runner.reader import Budget, Reader
 from exitwatch.runner.responses import Responses
 
@@ -108,6 +108,8 @@ class Proxy:
         except Exception as err:  # a policy that failed cannot say the owner: no creations
             log.exception("proxy policy")
             owner = Refuse(f"the owner of this connection could not be found ({err})")
+        if isinstance(owner, str):
+            owner = Owned(owner)
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.connect(self._engine)

@@ -24,8 +24,9 @@ from collections.abc import Iterator
 
 import h11
 
+from exitwatch.contract import LABEL_OWNER_NAME
 from exitwatch.runner import creation, framing, relay, routes, volumes
-from exitwatch.runner.policy import Refuse
+from exitwatch.runner.policy import Owned, Refuse
 from exitwatch.runner.responses import HTTP, RAW, Responses
 from exitwatch.runner.routes import Route
 
@@ -37,7 +38,8 @@ HEAD_FREE = 16 * 1024
 MAX_HEAD = 1024 * 1024  # the engine's own limit (Go's DefaultMaxHeaderBytes)
 HEAD_SHARES = 4  # heads longer than HEAD_FREE held at once, across connections
 MAX_BODY = 4 * 1024 * 1024  # bytes of a creation's body; a create config is a few KiB
-BUDGET = 2 * MAX_BODY  # bytes of creation bodies held at once, across connections
+PER_OWNER = 2 * MAX_BODY  # bytes of creation bodies one owner's connections hold at once
+TOTAL = 4 * MAX_BODY  # bytes of creation bodies held at once, across all owners
 BODY_DEADLINE = 10.0  # seconds for a creation's body to begin; then, its share held, to end
 DRAIN = (2.0, 8 * 1024 * 1024)  # what is read and dropped after a refusal, before closing
 HANGUP_CHECK = 0.5  # seconds between looks, while a request waits, at whether its client left
@@ -45,32 +47,46 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Budget:
-    """Bytes that the connections of one proxy may hold of creation bodies at once. One that
-    cannot have its share waits for it before it reads its body, holding nothing more; none
-    asks for one before its body has begun to come. A share is held while its body arrives
-    (BODY_DEADLINE at most), is labelled, and has its named volumes created, so none waits
-    for long. `heads` is the like for request heads
-    longer than HEAD_FREE: a share of MAX_HEAD each, held from HEAD_FREE bytes on until
-    the request has gone on, its head whole within BODY_DEADLINE."""
+    """Bytes that the connections of one proxy may hold of creation bodies at once: PER_OWNER
+    for each owner's connections together, TOTAL over all. One that cannot have its share
+    waits for it before it reads its body, holding nothing more; none asks for one before
+    its body has begun to come. A share is held while its body arrives (BODY_DEADLINE at
+    most), is labelled, and has its named volumes created, so none waits for long; and one
+    owner's slow clients, which hold at most PER_OWNER, never make another owner's creations
+    wait (it takes two owners' to fill TOTAL). `heads` is the like for request heads longer
+    than HEAD_FREE: a share of MAX_HEAD each, held from HEAD_FREE bytes on until the request
+    has gone on, its head whole within BODY_DEADLINE."""
 
-    def __init__(self, total: int = BUDGET) -> None:
-        self._total, self._used = total, 0
+    def __init__(self, total: int = TOTAL, per_owner: int = PER_OWNER) -> None:
+        self._total, self._per_owner, self._used = total, per_owner, 0
+        self._by_owner: dict[str, int] = {}
         self._cond = threading.Condition()
         self.parsing = threading.Lock()  # one body parsed at a time: the parse's own memory
         self.heads = threading.BoundedSemaphore(HEAD_SHARES)
 
     @contextlib.contextmanager
-    def hold(self, n: int) -> Iterator[None]:
-        """Hold `n` bytes of the budget (all of it, at most) for the `with` block."""
-        n = min(n, self._total)
+    def hold(self, n: int, owner: str = "") -> Iterator[None]:
+        """Hold `n` bytes of `owner`'s budget (all of one share, at most) for the block."""
+        n = min(n, self._total, self._per_owner)
+
+        def fits() -> bool:
+            mine = self._by_owner.get(owner, 0)
+            return self._used + n <= self._total and mine + n <= self._per_owner
+
         with self._cond:
-            self._cond.wait_for(lambda: self._used + n <= self._total)
+            self._cond.wait_for(fits)
             self._used += n
+            self._by_owner[owner] = self._by_owner.get(owner, 0) + n
         try:
             yield
         finally:
             with self._cond:
                 self._used -= n
+                left = self._by_owner[owner] - n
+                if left:
+                    self._by_owner[owner] = left
+                else:  # no owner is remembered once it holds nothing
+                    del self._by_owner[owner]
                 self._cond.notify_all()
 
 
@@ -86,13 +102,13 @@ class _WentRaw(Exception):
 
 class Reader:
     """Reads the requests of `client` and sends them on to `upstream` (run()), labelling
-    creations with `owner`; `responses` is the connection's other half."""
+    creations with `owner` (or refusing them); `responses` is the connection's other half."""
 
     def __init__(
         self,
         client: socket.socket,
         upstream: socket.socket,
-        owner: str | Refuse,
+        owner: Owned | Refuse,
         responses: Responses,
         engine: str,
         budget: Budget,
@@ -234,11 +250,13 @@ class Reader:
             # Nor before its body has begun to come (a client that asked for the 100 sends
             # it only now): this wait holds nothing shared, and is bounded too.
             self._readable(time.monotonic() + BODY_DEADLINE, "the creation's body")
-        with self.budget.hold(MAX_BODY if length is None else length):
+        owner = self.owner
+        with self.budget.hold(MAX_BODY if length is None else length, owner.owner):
             body = self._whole_body(conn, length)
             try:
                 with self.budget.parsing:
-                    done = creation.label(found, body, self.owner)
+                    more = {LABEL_OWNER_NAME: owner.name} if owner.name else None
+                    done = creation.label(found, body, owner.owner, more)
             except creation.Refused as err:
                 raise _Refusal(400, str(err), close=False) from None
             del body  # what goes on is done.body: the body that came is not held meanwhile

@@ -3,6 +3,7 @@ TOML file that sets them."""
 
 from __future__ import annotations
 
+import os
 import tomllib
 import types
 import typing
@@ -12,10 +13,29 @@ from exitwatch.contract import HOOK_DIR
 from exitwatch.sources import MODES
 
 DEFAULT_PATH = "/etc/exitwatch/config.toml"
+TABLE = "adopt"  # the one table of the file: Config.adopt
 
 
 class ConfigError(ValueError):
     """One line naming the file, the key and what is expected."""
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """The `[adopt]` table: `exitwatch adopt`, one labelling Docker socket for the whole
+    host (docs/adopt.md)."""
+
+    listen: str = "/run/exitwatch/docker.sock"
+    """The socket it serves, when systemd passes it none (exitwatch-adopt.socket does); it
+    is bound only where nothing is, and takes the engine socket's owner, group and mode."""
+    docker_host: str | None = None
+    """The engine it forwards to, a unix:// URL; unset: the agent's `docker_host`, else
+    DOCKER_HOST, else the default socket."""
+    rules: tuple[str, ...] = ()
+    """Command lines that own what their descendants create through the socket: fnmatch
+    patterns matched against a process's arguments joined by single spaces, such as
+    "*/inspect eval *". The nearest matching process from the client up is the owner; in a
+    container with no match, the container's init; on the host with no match, nobody."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,8 @@ class Config:
     """Serve Prometheus metrics on HOST:PORT; unset: no metrics."""
     log_format: str = "text"
     """Log lines on stderr as "text" or "json"."""
+    adopt: Adopt = Adopt()
+    """The `[adopt]` table: the settings of `exitwatch adopt` (below)."""
 
     def describe(self) -> str:
         return " ".join(f"{k}={v!r}" for k, v in asdict(self).items())
@@ -112,6 +134,28 @@ class Config:
         for key, (ok, expected) in checks.items():
             if not ok:
                 raise ConfigError(f"{key}: expected {expected}, got {getattr(self, key)!r}")
+        self._validate_adopt()
+
+    def _validate_adopt(self) -> None:
+        adopt = self.adopt
+        checks = {
+            "listen": (
+                adopt.listen.startswith("/") and 0 < len(os.fsencode(adopt.listen)) < 108,
+                "an absolute path of less than 108 bytes (a socket's address)",
+            ),
+            "docker_host": (
+                adopt.docker_host is None or adopt.docker_host.startswith("unix://"),
+                "a local engine's unix:// socket (owners are processes of this host)",
+            ),
+            "rules": (
+                all(r.strip() and "\0" not in r for r in adopt.rules),
+                "a list of non-empty fnmatch patterns",
+            ),
+        }
+        for key, (ok, expected) in checks.items():
+            if not ok:
+                got = getattr(adopt, key)
+                raise ConfigError(f"{TABLE}.{key}: expected {expected}, got {got!r}")
 
 
 def parse_addr(addr: str) -> tuple[str, int] | None:
@@ -122,7 +166,7 @@ def parse_addr(addr: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-_HINTS = typing.get_type_hints(Config)
+_HINTS = {Config: typing.get_type_hints(Config), Adopt: typing.get_type_hints(Adopt)}
 _NAMES = {
     "str": "a string",
     "bool": "true or false",
@@ -132,9 +176,9 @@ _NAMES = {
 }
 
 
-def _coerce(key: str, value: object) -> object:
-    """TOML value → field value, or ConfigError naming what the key expects."""
-    hint = _HINTS[key]
+def _coerce(key: str, value: object, of: type = Config, shown: str = "") -> object:
+    """TOML value → field value of `of`, or ConfigError naming what the key expects."""
+    hint = _HINTS[of][key]
     want = typing.get_origin(hint) or hint
     if want is types.UnionType:  # `str | None`: TOML has no null, so a string it is
         want = str
@@ -146,8 +190,22 @@ def _coerce(key: str, value: object) -> object:
         tuple: isinstance(value, list) and all(isinstance(v, str) for v in value),
     }[want]
     if not ok:
-        raise ConfigError(f"{key}: expected {_NAMES[want.__name__]}, got {value!r}")
+        raise ConfigError(f"{shown or key}: expected {_NAMES[want.__name__]}, got {value!r}")
     return tuple(value) if want is tuple else float(value) if want is float else value
+
+
+def _table(value: object, base: Adopt) -> Adopt:
+    """The `[adopt]` table over `base`."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{TABLE}: expected a table ([{TABLE}]), got {value!r}")
+    known = {f.name for f in fields(Adopt)}
+    values = {}
+    for key, item in value.items():
+        if key not in known:
+            names = ", ".join(sorted(known))
+            raise ConfigError(f"unknown key '{TABLE}.{key}' (known in [{TABLE}]: {names})")
+        values[key] = _coerce(key, item, Adopt, f"{TABLE}.{key}")
+    return replace(base, **values)
 
 
 def load(path: str, base: Config | None = None) -> Config:
@@ -159,14 +217,18 @@ def load(path: str, base: Config | None = None) -> Config:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    known = {f.name for f in fields(Config)}
-    values = {}
+    base = base or Config()
+    known = {f.name for f in fields(Config)} - {TABLE}
+    values: dict[str, object] = {}
     try:
         for key, value in data.items():
+            if key == TABLE:
+                values[key] = _table(value, base.adopt)
+                continue
             if key not in known:
                 raise ConfigError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
             values[key] = _coerce(key, value)
-        config = replace(base or Config(), **values)
+        config = replace(base, **values)
         config.validate()
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None

@@ -18,7 +18,7 @@ ENGINE_SH = ROOT / "tests" / "support" / "engine.sh"
 
 pytestmark = pytest.mark.engine
 
-SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "wrapper"}
+SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt"}
 DIST = {"n", "p50", "p95", "p99", "max", "mean"}
 
 
@@ -114,6 +114,13 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
         for key in ("direct", "run", "overhead"):
             _dist(run[part][key])
         assert run[part]["overhead"]["n"] == run[part]["direct"]["n"] > 0
+    adopt = results["sections"]["adopt"]
+    assert adopt["client_failures"] == 0 and adopt["adopt_exit"] == 0 and adopt["cp"]["rss_mb"] > 0
+    assert adopt["stream"]["ratio"] > 0 and adopt["list"]["ratio"] > 0
+    for part in ("create_start_ms", "ping_ms"):
+        for key in ("direct", "adopt", "overhead"):
+            _dist(adopt[part][key])
+        assert adopt[part]["overhead"]["n"] == adopt[part]["direct"]["n"] > 0
 
     for r in results["sections"]["hooks"]:
         _dist(r["hook_ms"])

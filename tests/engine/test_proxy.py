@@ -14,7 +14,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import docker
 import h11
@@ -26,6 +25,16 @@ from exitwatch.runner.policy import Always
 from exitwatch.runner.proxy import Proxy, listen
 
 from support import tools
+from support.transparency import (
+    CLI_OPS,
+    COMPOSE_FILE,
+    COMPOSE_OPS,
+    COMPOSE_OUT,
+    cli_context,
+    events_ops,
+    sdk_ops,
+    sh,
+)
 
 OWNER = str(owner_of())
 CLIS = [p for p in ("/usr/local/bin/docker", "/usr/bin/docker") if os.access(p, os.X_OK)]
@@ -44,19 +53,6 @@ def proxied(engine) -> Iterator[str]:
         shutil.rmtree(where)
 
 
-def sh(script: str, env: dict[str, str], cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr.strip()}"
-    return done.stdout
-
-
 def labels_of(engine, kind: str, name: str) -> dict[str, str]:
     api = engine.client.api
     info = {
@@ -69,34 +65,10 @@ def labels_of(engine, kind: str, name: str) -> dict[str, str]:
 
 # -- the docker CLI ----------------------------------------------------------------------------
 
-CLI_OPS = r"""
-D=$DOCKER; I=$IMAGE; N=$SUFFIX
-echo hello-stdin | $D run -i --rm $I cat
-$D run --rm $I seq 1 20000 | md5sum
-$D run -d --name c$N $I sleep 1000 >/dev/null
-$D exec -i c$N md5sum < $DATA
-$D exec -i c$N cat < $DATA | md5sum
-$D run -d --name l$N $I sh -c 'seq 1 3000; sleep 1; echo end' >/dev/null
-$D logs -f l$N | md5sum
-$D cp $DATA c$N:/tmp/data
-$D cp c$N:/tmp/data - | tar -xO | md5sum
-DOCKER_BUILDKIT=0 $D build -q -t b$N $CONTEXT >/dev/null 2>&1
-$D run --rm b$N md5sum /ctx-data
-$D network create n$N >/dev/null
-$D volume create v$N >/dev/null
-$D run --rm --network n$N -v v$N:/v $I sh -c 'echo in-volume > /v/f; cat /v/f'
-"""
-
 
 @pytest.mark.parametrize("cli", CLIS)
 def test_docker_cli_through_the_socket_is_transparent(engine, proxied, tmp_path, cli) -> None:
-    data = tmp_path / "data"
-    data.write_bytes(os.urandom(1 << 20))
-    context = tmp_path / "ctx"
-    context.mkdir()
-    shutil.copy(data, context / "ctx-data")
-    (context / "Dockerfile").write_text(f"FROM {engine.image}\nCOPY ctx-data /ctx-data\n")
-    common = {"DOCKER": cli, "IMAGE": engine.image, "DATA": str(data), "CONTEXT": str(context)}
+    common = cli_context(engine.image, tmp_path) | {"DOCKER": cli}
     since = f"{time.time() - 1:.3f}"
     direct = sh(CLI_OPS, engine.env(SUFFIX="d", **common))
     through = sh(CLI_OPS, engine.env(SUFFIX="p", DOCKER_HOST=proxied, **common))
@@ -110,8 +82,7 @@ def test_docker_cli_through_the_socket_is_transparent(engine, proxied, tmp_path,
     assert LABEL_OWNER not in labels_of(engine, "network", "nd")
 
     # The same past events, streamed through either socket.
-    until = f"{time.time():.3f}"
-    events = f"$D events --since {since} --until {until} --format '{{{{.Type}}}} {{{{.Action}}}}'"
+    events = events_ops(since, f"{time.time():.3f}")
     env = engine.env(D=cli)
     assert sh(events, env | {"DOCKER_HOST": proxied}) == sh(events, env)
 
@@ -150,32 +121,13 @@ def test_events_stream_live_through_the_socket(engine, proxied) -> None:
 
 # -- compose v1 and v2 -------------------------------------------------------------------------
 
-COMPOSE_FILE = """
-services:
-  main:
-    image: {image}
-    command: ["sleep", "1000"]
-    volumes: ["data:/data"]
-    networks: [inner]
-networks:
-  inner: {{}}
-volumes:
-  data: {{}}
-"""
-
-COMPOSE_OPS = r"""
-$COMPOSE -p $PROJECT up -d $WAIT >/dev/null 2>&1
-printf 'line one\nline two\n' | $COMPOSE -p $PROJECT exec -T main sh -c 'cat; echo done'
-$COMPOSE -p $PROJECT exec -T main sh -c 'echo data > /data/f; cat /data/f'
-"""
-
 
 def _compose(engine, proxied, tmp_path, compose: str, wait: str, env: dict[str, str]) -> None:
     (tmp_path / "docker-compose.yml").write_text(COMPOSE_FILE.format(image=engine.image))
     base = engine.env(COMPOSE=compose, WAIT=wait, **env)
     direct = sh(COMPOSE_OPS, base | {"PROJECT": "pd"}, cwd=tmp_path)
     through = sh(COMPOSE_OPS, base | {"PROJECT": "pp", "DOCKER_HOST": proxied}, cwd=tmp_path)
-    assert through == direct == "line one\nline two\ndone\ndata\n"
+    assert through == direct == COMPOSE_OUT
     api = engine.client.api
     project = {"label": "com.docker.compose.project=pp"}
     containers = api.containers(all=True, filters=project)
@@ -208,63 +160,13 @@ def test_compose_v2_through_the_socket(engine, proxied, tmp_path) -> None:
 # -- the Python SDK ----------------------------------------------------------------------------
 
 
-def _sdk_ops(client: docker.DockerClient, image: str, suffix: str) -> list[bytes]:
-    api = client.api
-    # Not remove=True: the SDK then removes the container before it has read the logs it
-    # follows, and the engine may cut them short (docker/docker-py#2427), on either path.
-    out = [client.containers.run(image, ["sh", "-c", "seq 1 5000"], name=f"r{suffix}")]
-    client.containers.get(f"r{suffix}").remove()
-    c = client.containers.run(
-        image, ["sh", "-c", "seq 1 200; sleep 1000"], name=f"s{suffix}", detach=True
-    )
-    out.append(c.exec_run(["sh", "-c", "echo exec; seq 1 100"]).output)
-    # exec -i with the SDK's own hijack: write, half-close, read to the end.
-    eid = api.exec_create(c.id, ["sh", "-c", "cat; echo eof"], stdin=True)["Id"]
-    sock = api.exec_start(eid, socket=True)
-    raw = getattr(sock, "_sock", sock)
-    raw.sendall(b"round trip\n" * 1000)
-    raw.shutdown(socket.SHUT_WR)
-    got = b""
-    while chunk := raw.recv(65536):
-        got += chunk
-    raw.close()
-    out.append(_demux(got))
-    # put and get an archive
-    tar = subprocess.run(
-        ["tar", "-c", "-C", "/etc", "hostname"], capture_output=True, check=True
-    ).stdout
-    assert c.put_archive("/tmp", tar)
-    stream, _ = c.get_archive("/tmp/hostname")
-    out.append(subprocess.run(["tar", "-xO"], input=b"".join(stream), capture_output=True).stdout)
-    lines = b""
-    for chunk in c.logs(stream=True, follow=True):
-        lines += chunk
-        if lines.endswith(b"200\n"):
-            break
-    out.append(lines)
-    net = client.networks.create(f"sn{suffix}")
-    vol = client.volumes.create(f"sv{suffix}")
-    out.append(str(sorted(net.attrs["Labels"] or {})).encode())
-    out.append(str(sorted(vol.attrs["Labels"] or {})).encode())
-    return out
-
-
-def _demux(data: bytes) -> bytes:
-    """The payload of a multiplexed stream: frame sizes depend on timing, the bytes do not."""
-    out = b""
-    while data:
-        size = int.from_bytes(data[4:8], "big")
-        out, data = out + data[8 : 8 + size], data[8 + size :]
-    return out
-
-
 def test_python_sdk_through_the_socket(engine, proxied) -> None:
     via = docker.DockerClient(base_url=proxied)
     try:
-        through = _sdk_ops(via, engine.image, "p")
+        through = sdk_ops(via, engine.image, "p")
     finally:
         via.close()
-    direct = _sdk_ops(engine.client, engine.image, "d")
+    direct = sdk_ops(engine.client, engine.image, "d")
     # The label lists differ by the owner alone.
     assert through[:-2] == direct[:-2]
     assert through[-2:] == [str([LABEL_OWNER]).encode()] * 2 and direct[-2:] == [b"[]"] * 2

@@ -102,7 +102,7 @@ def bridge_engine() -> Iterator[BridgeEngine]:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
 
 
-def _libraries(paths: list[str]) -> set[str]:
+def libraries(paths: list[str]) -> set[str]:
     """The shared libraries (and the loader) that `paths` need, as ldd resolves them."""
     libs: set[str] = set()
     for path in paths:
@@ -132,7 +132,7 @@ def _python_rootfs() -> bytes:
         tar.add(root, arcname=".")
         tar.add(PYTHON, arcname="usr/bin/python3")
         tar.add(BASH, arcname="usr/bin/bash")
-        for lib in sorted(_libraries([PYTHON, BASH, *dynload])):
+        for lib in sorted(libraries([PYTHON, BASH, *dynload])):
             tar.add(os.path.realpath(lib), arcname=lib.lstrip("/"))
         tar.add(stdlib, arcname=stdlib.lstrip("/"), filter=_no_caches)
     return buf.getvalue()

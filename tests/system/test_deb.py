@@ -31,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
 PACKAGES = ("exitwatch", "exitwatch-bpf")
 UNIT = "/lib/systemd/system/exitwatch.service"
+ADOPT_UNITS = (
+    "/lib/systemd/system/exitwatch-adopt.socket",
+    "/lib/systemd/system/exitwatch-adopt.service",
+)
 # Keys the operations issue adds to Config; documented in the conffile already.
 
 
@@ -152,15 +156,22 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
     for section, name in (("8", "exitwatch"), ("5", "exitwatch.toml"), ("1", "exitwatch-run")):
         found = run(["man", "-w", section, name], env=DEBIAN_ENV).stdout.strip()
         assert found == f"/usr/share/man/man{section}/{name}.{section}.gz"
-    verify = run(["systemd-analyze", "verify", UNIT], env=DEBIAN_ENV, check=False)
+    verify = run(["systemd-analyze", "verify", UNIT, *ADOPT_UNITS], env=DEBIAN_ENV, check=False)
     assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
-    security = run(
-        ["systemd-analyze", "security", "--offline=true", UNIT], env=DEBIAN_ENV, check=False
-    ).stdout
-    score = re.search(r"Overall exposure level for exitwatch.service: (\d+\.\d+)", security)
-    assert score, security
+    # exitwatch adopt's socket and service are shipped, and stay off until enabled.
+    assert set(ADOPT_UNITS) <= set(paths)
+    for wants in ("sockets.target.wants/exitwatch-adopt.socket", "exitwatch-adopt.service"):
+        assert not Path(f"/etc/systemd/system/{wants}").exists()
     recorded = (PACKAGING / "security.md").read_text()
-    assert f"**{score[1]}**" in recorded, f"packaging/security.md: the score is now {score[1]}"
+    for unit in (UNIT, ADOPT_UNITS[1]):
+        security = run(
+            ["systemd-analyze", "security", "--offline=true", unit], env=DEBIAN_ENV, check=False
+        ).stdout
+        name = os.path.basename(unit)
+        score = re.search(rf"Overall exposure level for {name}: (\d+\.\d+)", security)
+        assert score, security
+        section = recorded.split(f"# {name}: systemd exposure score", 1)[1].split("\n# ")[0]
+        assert f"**{score[1]}**" in section, f"packaging/security.md: {name} scores {score[1]}"
 
 
 def _capabilities(unit: str) -> str:

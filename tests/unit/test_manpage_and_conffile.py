@@ -20,7 +20,7 @@ import pytest
 
 from exitwatch.cli import cli
 from exitwatch.service import config as config_module
-from exitwatch.service.config import Config
+from exitwatch.service.config import TABLE, Adopt, Config
 
 from support.packaging import PACKAGING, PAGES, man
 from support.procs import run
@@ -103,6 +103,8 @@ def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_pa
     docs = manpage.field_docs()
     for field in fields(Config):
         assert field.name in docs, f"Config.{field.name} has no docstring after it"
+        if field.name == TABLE:
+            continue  # its keys are in a section of their own, below
         about = _setting(page, field.name)
         said = " ".join(docs[field.name].replace("`", "").split())
         assert said in " ".join(_plain(about).split()), field.name
@@ -115,6 +117,19 @@ def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_pa
         path = tmp_path / f"{field.name}.toml"
         path.write_text(f"{field.name} = {written}\n")
         assert getattr(config_module.load(str(path)), field.name) == field.default, written
+    table = page.split(f'.SS "[{TABLE}]"', 1)[1]
+    docs = manpage.field_docs(Adopt)
+    for field in fields(Adopt):
+        about = _setting(table, field.name)
+        said = " ".join(docs[field.name].replace("`", "").split())
+        assert said in " ".join(_plain(about).split()), field.name
+        assert "\nTakes " in about and "(exitwatch adopt)" in about, field.name
+        if field.default is not None:
+            written = _plain(about.split("\n", 1)[0]).removeprefix("= ")
+            path = tmp_path / f"{TABLE}-{field.name}.toml"
+            path.write_text(f"[{TABLE}]\n{field.name} = {written}\n")
+            assert getattr(config_module.load(str(path)).adopt, field.name) == field.default
+    assert "(exitwatch adopt)" not in _setting(page, "docker_host")
     assert "Takes a number in 0.01..3600." in _setting(page, "poll_interval")
     assert "\\-\\-workdir\\-root (exitwatch agent, exitwatch reap)" in _setting(
         page, "workdir_roots"
@@ -138,29 +153,35 @@ def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
         assert f".B {code}\n" in statuses, code
 
 
-def _documented() -> dict[str, object]:
-    """The conffile's example settings: every `#key = value` line, uncommented."""
+def _documented() -> tuple[dict[str, object], dict[str, object]]:
+    """The conffile's example settings, every `#key = value` line uncommented: those before
+    its `#[adopt]` line, and those of that table."""
     text = (PACKAGING / "config.toml").read_text()
-    lines = re.findall(r"^#(\w+ = .*)$", text, flags=re.M)
-    return tomllib.loads("\n".join(lines))
+    top, table = text.split(f"\n#[{TABLE}]\n", 1)
+    pick = [re.findall(r"^#(\w+ = .*)$", part, flags=re.M) for part in (top, table)]
+    return tomllib.loads("\n".join(pick[0])), tomllib.loads("\n".join(pick[1]))
 
 
 def test_conffile_documents_every_setting_with_its_default(tmp_path: Path) -> None:
-    documented = _documented()
-    known = {f.name: f.default for f in fields(Config)}
-    assert set(known) <= set(documented), f"undocumented: {set(known) - set(documented)}"
-    assert set(documented) <= set(known), f"unknown: {set(documented) - set(known)}"
-    for key, default in known.items():
-        if default is not None:  # unset by default: the file shows an example value
-            value = documented[key]
-            assert (tuple(value) if isinstance(value, list) else value) == default, key
+    documented, in_table = _documented()
+    known = {f.name: f.default for f in fields(Config) if f.name != TABLE}
+    for names, given in (
+        (known, documented),
+        ({f.name: f.default for f in fields(Adopt)}, in_table),
+    ):
+        assert set(names) <= set(given), f"undocumented: {set(names) - set(given)}"
+        assert set(given) <= set(names), f"unknown: {set(given) - set(names)}"
+        for key, default in names.items():
+            if default is not None and default != ():  # unset or empty: an example value
+                value = given[key]
+                assert (tuple(value) if isinstance(value, list) else value) == default, key
     # And the examples are valid settings, so uncommenting one never stops the agent.
     path = tmp_path / "config.toml"
     path.write_text(
         "\n".join(
             line[1:]
             for line in (PACKAGING / "config.toml").read_text().splitlines()
-            if re.match(r"#(\w+) = ", line) and line[1:].split(" ", 1)[0] in known
+            if re.match(r"#(\w+) = |#\[", line)
         )
     )
     config_module.load(str(path))

@@ -13,7 +13,7 @@ from typing import Any
 import docker
 import docker.utils
 
-from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
+from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, LABEL_OWNER_NAME, kept
 from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.kinds.discovery import Discovery, stopped, wait
 from exitwatch.kinds.docker import compose, networks
@@ -70,7 +70,9 @@ def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
     owner = None if kept(labels) else _owner(cid, name, labels, "skipped")
     if owner is None:
         return None
-    return Resource(KIND, cid, owner, name, labels.get(LABEL_COMPOSE_PROJECT) or None)
+    project = labels.get(LABEL_COMPOSE_PROJECT) or None
+    about = str(labels.get(LABEL_OWNER_NAME, ""))
+    return Resource(KIND, cid, owner, name, project, owner_name=about)
 
 
 def _snapshot(engine: Engine) -> Snapshot:

@@ -99,9 +99,12 @@ def _owner(owner: Owner, held: Iterable[Resource]) -> dict:
     of: dict[str, list[Resource]] = {kind: [] for kind in ORDER}
     for res in held:
         of.setdefault(res.kind, []).append(res)
+    named = sorted({r.owner_name for r in of[CONTAINER] if r.owner_name})
     return {
         "owner": str(owner),
         "pid": owner.pid,
+        # What the owner is, as its containers say (exitwatch adopt's "container NAME").
+        "name": "; ".join(named) or None,
         "containers": [{"id": r.key, "name": r.name, "project": r.group} for r in of[CONTAINER]],
         "workdirs": sorted(r.key for r in of[WORKDIR]),
         "hooks": sorted(r.name or r.key for r in of[HOOK]),

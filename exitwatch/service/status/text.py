@@ -101,7 +101,8 @@ def _reconcile(rec: dict) -> str:
 
 
 def _owner_lines(owner: dict) -> list[str]:
-    lines = [f"  {owner['owner']} (pid {owner['pid']})"]
+    name = f", {owner['name']}" if owner.get("name") else ""
+    lines = [f"  {owner['owner']} (pid {owner['pid']}{name})"]
     for c in owner.get("containers", []):
         project = f", project {c['project']}" if c.get("project") else ""
         lines.append(f"    container {c['id'][:12]} ({c['name']}{project})")

@@ -1,0 +1,154 @@
+"""`exitwatch adopt` as the tests run it: the real command, its socket bound by hand in a
+fresh directory or held as systemd holds it (socket activation), and runner containers that
+mount that socket in place of /var/run/docker.sock, with the host's static docker CLI (and
+compose v2) mounted in."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from exitwatch.contract import LABEL_OWNER
+from exitwatch.owner import current_boot_id
+from exitwatch.procfs import read_stat
+
+from support.procs import wait_for
+
+DOCKER_CLI = "/usr/local/bin/docker"  # static: runs in a busybox container
+PLUGINS = "/usr/libexec/docker/cli-plugins"  # where the CLI looks, in a container
+
+
+# What systemd does for a socket unit's service: the socket as fd 3, LISTEN_FDS=1, and
+# LISTEN_PID the service's own pid, which is known once forked: set just before the exec.
+_ACTIVATE = """
+import os, sys
+fd = int(sys.argv[1])
+os.dup2(fd, 3)
+os.close(fd)
+os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS="1")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+class Adopt:
+    """An `exitwatch adopt` process for the engine socket `engine`, logging to `log`: it
+    binds `listen` itself, or, with `held`, serves the socket held there (as systemd
+    passes it, with LISTEN_FDS and LISTEN_PID)."""
+
+    def __init__(
+        self,
+        engine: Path,
+        listen: Path,
+        log: Path,
+        rules: tuple[str, ...] = (),
+        held: socket.socket | None = None,
+    ) -> None:
+        self.listen, self.log = listen, log
+        argv = [sys.executable, "-m", "exitwatch", "adopt", "--docker-host", f"unix://{engine}"]
+        argv += ["--listen", str(listen)]
+        for rule in rules:
+            argv += ["--rule", rule]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "LISTEN_"))}
+        fds: tuple[int, ...] = ()
+        if held is not None:
+            fds = (held.fileno(),)
+            argv = [sys.executable, "-c", _ACTIVATE, str(held.fileno()), *argv]
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("ab"),
+            env=env,
+            cwd="/",
+            pass_fds=fds,
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, count: int = 1) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"adopt exited {self.proc.returncode}:\n{self.text()}")
+            return self.text().count("ready: serving") >= count
+
+        wait_for(ready, timeout=30, what="exitwatch adopt to be ready")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def short_dir(prefix: str = "exitwatch-adopt-") -> Path:
+    """A fresh root-owned directory under /tmp, short enough for socket paths."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@contextlib.contextmanager
+def adopting(engine, rules: tuple[str, ...] = (), logs: Path | None = None) -> Iterator[Adopt]:
+    """`exitwatch adopt` in front of the private engine, bound by hand in a fresh directory;
+    stopped afterwards."""
+    where = short_dir()
+    adopt = Adopt(engine.socket, where / "docker.sock", (logs or where) / "adopt.log", rules)
+    try:
+        adopt.wait_ready()
+        yield adopt
+    finally:
+        adopt.stop()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def holding(path: Path) -> socket.socket:
+    """A listening socket bound at `path`, as a systemd .socket unit holds one."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.bind(str(path))
+    sock.listen(4096)
+    return sock
+
+
+def runner_argv(adopt: Adopt, name: str, *extra: str, compose: Path | None = None) -> list[str]:
+    """`docker run -d` arguments of a runner container `name` with the adopt socket mounted
+    where its clients look for the engine, and the static CLI (and compose v2's plugin,
+    from the DOCKER_CONFIG `compose`) mounted in."""
+    argv = ["run", "-d", "--name", name, "-v", f"{adopt.listen}:/var/run/docker.sock"]
+    argv += ["-v", f"{DOCKER_CLI}:/bin/docker:ro"]
+    if compose is not None:
+        plugin = compose / "cli-plugins" / "docker-compose"
+        argv += ["-v", f"{plugin}:{PLUGINS}/docker-compose:ro"]
+    return [*argv, *extra]
+
+
+def init_owner(engine, container: str) -> str:
+    """The owner string of a running container's init, as the host names it."""
+    pid = engine.client.api.inspect_container(container)["State"]["Pid"]
+    return f"{current_boot_id()}:{pid}:{read_stat(pid).starttime}"
+
+
+def owned(engine, owner: str) -> dict[str, list[str]]:
+    """The names of the containers, networks and volumes labelled with `owner`."""
+    api, label = engine.client.api, {"label": f"{LABEL_OWNER}={owner}"}
+    return {
+        "containers": sorted(
+            c["Names"][0].lstrip("/") for c in api.containers(all=True, filters=label)
+        ),
+        "networks": sorted(n["Name"] for n in api.networks(filters=label)),
+        "volumes": sorted(v["Name"] for v in api.volumes(filters=label).get("Volumes") or []),
+    }

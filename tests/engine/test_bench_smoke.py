@@ -103,7 +103,9 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
             assert r["exit_filter"] is True
 
     idle = results["sections"]["idle"]
-    assert idle["watching"] == idle["owners"] and idle["rss_mb"] > 0
+    # The bench's agents run as deployed, the process kind on: other `exitwatch run`s on the
+    # host are owners it watches too (tests/README.md, "hermetic").
+    assert idle["watching"] >= idle["owners"] and idle["rss_mb"] > 0
     scale = results["sections"]["scale"]
     assert scale["reconcile"]["ratio"] > 0 and scale["workdirs"]["ratio"] > 0
     assert scale["bulk"]["ours_s"] is not None and scale["bulk"]["baseline_s"] is not None

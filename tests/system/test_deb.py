@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from exitwatch.contract import HOOK_DIR
 
 from support.packaging import DEBIAN_ENV, PAGES, man
 from support.procs import kill, run, spawn_owner, wait_for
@@ -160,6 +164,23 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
     assert score, security
     recorded = (PACKAGING / "security.md").read_text()
     assert f"**{score[1]}**" in recorded, f"packaging/security.md: the score is now {score[1]}"
+
+
+@deb
+def test_the_postinst_makes_the_spool_where_there_is_no_systemd_tmpfiles(installed) -> None:
+    """A minimal or container install has no systemd-tmpfiles to apply the package's
+    tmpfiles.d entry, so the postinst makes the hook spool itself: root's, mode 1733."""
+    spool = Path(HOOK_DIR)
+    spool.rmdir()  # the package's own, empty
+    postinst = "/var/lib/dpkg/info/exitwatch.postinst configure"
+    # Hidden in a mount namespace of the script's own: dh_installtmpfiles' snippet runs it
+    # only if `command -v` finds it executable.
+    tmpfiles = shutil.which("systemd-tmpfiles", path=DEBIAN_ENV["PATH"])
+    hide = f"mount --bind /dev/null {tmpfiles} && " if tmpfiles else ""
+    run(["unshare", "--mount", "sh", "-c", hide + postinst], env=DEBIAN_ENV)
+    st = spool.lstat()
+    assert stat.S_ISDIR(st.st_mode), spool
+    assert (oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid) == (oct(0o1733), 0, 0)
 
 
 def _capabilities(unit: str) -> str:

@@ -13,8 +13,9 @@ DEBIAN_PY := /usr/bin/python3
 # (tests/system/test_prometheus_rules.py). man-db, groff-base: `man -l` renders the man
 # pages, and systemd's systemd-analyze checks the unit (tests/system/test_deb.py).
 # e2fsprogs: chattr, for undeletable files; git: the suite reads the checkout. A normal
-# install has those three already; a minimal or container one may not.
-APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
+# install has those three already; a minimal or container one may not. python3-setuptools:
+# the offline wheel build of tests/system/test_bpf_object.py (Debian 12 pulls it in, 13 not).
+APT_PACKAGES := docker.io docker-compose busybox-static python3-venv python3-setuptools \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-hypothesis \
 	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base \

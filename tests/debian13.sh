@@ -16,9 +16,10 @@
 #    workdir and on-death hook, `exitwatch status`, and what an `exitwatch run` left.
 # 3. The suite, from a clone of this tree (HEAD, with the work tree's changes on top) in
 #    the root: `make deps`, which installs the Makefile's apt packages from trixie, its
-#    venv and the eBPF object, then `make test`: lint, the venv's pass and the pass under
-#    trixie's /usr/bin/python3 and libraries. The suite's private engine is trixie's
-#    dockerd, started by tests/support/engine.sh inside the root. With PYTEST_ARGS, those
+#    venv and the eBPF object, then `make test`'s steps: lint, the venv's pass and the pass
+#    under trixie's /usr/bin/python3 and libraries, each run even if one before failed.
+#    The suite's private engine is trixie's dockerd, started by tests/support/engine.sh
+#    inside the root. With PYTEST_ARGS, those
 #    tests alone run, under both interpreters, instead of `make test`.
 # --reuse skips 1 and 2 and runs 3 in the last run's root as it was left (its packages and
 #    venv installed), with the tree cloned again: to rerun what failed after a fix.
@@ -42,14 +43,16 @@ IMAGE=exitwatch-test/busybox:latest
 die() { echo "debian13.sh: $*" >&2; exit 1; }
 say() { echo "debian13.sh: $*" >&2; }
 
-# Runs "$@" and records how long it took, for the summary.
+# Runs "$@" and records how long it took and whether it failed, for the summary.
 TIMES=()
 timed() {
-    local what=$1 start=$SECONDS
+    local what=$1 start=$SECONDS rc=0 mark=
     shift
     say "$what..."
-    "$@"
-    TIMES+=("$(printf '%-44s %4d s' "$what" $((SECONDS - start)))")
+    "$@" || rc=$?
+    [ "$rc" = 0 ] || mark="  FAILED ($rc)"
+    TIMES+=("$(printf '%-52s %4d s%s' "$what" $((SECONDS - start)) "$mark")")
+    return "$rc"
 }
 
 # -- on the host ------------------------------------------------------------------------------
@@ -252,24 +255,27 @@ suite() {
     timed "make deps (apt, venv, eBPF object)" make deps
     versions
     timed "make run" make_run
-    if [ $# -eq 0 ]; then
-        timed "make test (lint, venv pass, /usr/bin/python3 pass)" make test
-    else
-        timed "pytest $* (venv)" .venv/bin/python -m pytest -q "$@"
-        timed "pytest $* (/usr/bin/python3)" \
-            env PYTHONPATH="$SRC" /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@"
-    fi
+    # make test's steps one by one, each run even when one before it failed (make would stop
+    # at the first), so one run reports both passes.
+    local failed=0
+    if [ $# -eq 0 ]; then timed "make lint" make lint || failed=1; fi
+    timed "pytest ${*:-(all)} (venv)" .venv/bin/python -m pytest -q "$@" || failed=1
+    timed "pytest ${*:-(all)} (/usr/bin/python3)" \
+        env PYTHONPATH="$SRC" /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@" || failed=1
+    return "$failed"
 }
 
 inside() {
     local step=$1
     shift
+    local rc=0
     case $step in
         packages) timed "install the .debs" packages; timed "the installed agent's reap" reap ;;
-        suite) suite "$@" ;;
+        suite) suite "$@" || rc=$? ;;
         *) die "unknown step $step" ;;
     esac
     printf '  %s\n' "${TIMES[@]}"
+    return "$rc"
 }
 
 # -- main -------------------------------------------------------------------------------------
@@ -302,5 +308,7 @@ fi
 timed "clone the tree into the root" clone "$top"
 printf '  %s\n' "${TIMES[@]}"
 [ -n "$reuse" ] || enter packages
-enter suite "$@"
-say "done in $((SECONDS - started)) s"
+rc=0
+enter suite "$@" || rc=$?
+say "done in $((SECONDS - started)) s$([ "$rc" = 0 ] || echo ", FAILED")"
+exit "$rc"

@@ -7,13 +7,25 @@ VPY := $(VENV)/bin/python
 # Debian's own interpreter and bookworm's libraries: what the .deb runs on.
 DEBIAN_PY := /usr/bin/python3
 
-# prometheus: for its promtool, which checks packaging/prometheus/
+# The same names on Debian 12 and 13 (tests/debian13.sh installs them on trixie), bar the
+# release's own below. docker-compose: v1 (1.29) on 12, v2 on 13, where the suite takes v1
+# from PyPI (tests/support/tools.py). prometheus: for its promtool, which checks packaging/prometheus/
 # (tests/system/test_prometheus_rules.py). man-db, groff-base: `man -l` renders the man
-# pages (tests/system/test_deb.py).
-APT_PACKAGES := docker.io docker-compose busybox-static python3-venv \
+# pages, and systemd's systemd-analyze checks the unit (tests/system/test_deb.py).
+# e2fsprogs: chattr, for undeletable files; git: the suite reads the checkout. A normal
+# install has those three already; a minimal or container one may not. python3-setuptools:
+# the offline wheel build of tests/system/test_bpf_object.py (Debian 12 pulls it in, 13 not).
+APT_PACKAGES := docker.io docker-compose busybox-static python3-venv python3-setuptools \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-hypothesis \
-	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base
+	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base \
+	systemd e2fsprogs git
+# The release, from /etc/os-release: 13 moved the docker CLI out of docker.io into
+# docker-cli, which docker.io only Recommends (so an apt set not to install
+# recommendations would leave the suite without `docker`). 12 has no docker-cli package.
+DEBIAN_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo "$$VERSION_ID")
+APT_PACKAGES_13 := docker-cli
+APT_PACKAGES += $(APT_PACKAGES_$(DEBIAN_RELEASE))
 
 .PHONY: all deps apt venv test test-unit lint run clean
 
@@ -107,6 +119,13 @@ bench: deps bench-bins
 
 bench-smoke: deps bench-bins
 	$(VPY) -m bench.run --smoke --results $(BENCH_BIN)/results-smoke.json --docs ''
+
+# Debian 13 (trixie) for real (tests/debian13.sh): the .debs installed and reaping in a
+# debootstrapped trixie root, then `make test` in it, pivot_rooted into, on trixie's engine
+# and Python. Slow; never part of `make test`. ARGS: --reuse and/or pytest arguments.
+.PHONY: test-debian13
+test-debian13:
+	tests/debian13.sh $(ARGS)
 
 # The soak (docs/reliability.md): owners die at random for SOAK_SECONDS (default 600) while
 # others live; fails on a leak or a wrong removal. Never part of `make test`.

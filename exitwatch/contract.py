@@ -26,11 +26,31 @@ ENV_OWNER = "EXITWATCH_OWNER"
 # Set beside ENV_OWNER by `exitwatch run` alone: a process carrying both is a run's, and
 # dies with it (kinds/processes); ENV_OWNER alone is exported by shells for compose files.
 ENV_RUN = "EXITWATCH_RUN"
+# How deep the arrays and objects of a marker or a hook file may nest: theirs nest 1 and 2
+# deep. Checked before parsing, because where json.loads gives up depends on the Python:
+# 3.11 raises RecursionError on 1,000 levels, 3.13 parses 4,000, and a file's verdict must
+# not change with the interpreter.
+JSON_MAX_DEPTH = 32
+# JSON strings, an unterminated one to the end of the text: a match never fails, so the
+# scan is one pass however many quotes and backslashes a hostile file holds.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*+(?:"|\\?\Z)', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def kept(labels: Mapping[str, object]) -> bool:
     """Whether `labels` ask exitwatch to leave their container, network or volume alone."""
     return str(labels.get(LABEL_KEEP, "")).strip().lower() == "true"
+
+
+def nests_too_deeply(text: str) -> bool:
+    """Whether the arrays and objects of JSON `text` nest deeper than JSON_MAX_DEPTH
+    (brackets within strings do not count)."""
+    depth = 0
+    for bracket in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > JSON_MAX_DEPTH:
+            return True
+    return False
 
 
 def owner_labels(pid: int | None = None) -> dict[str, str]:

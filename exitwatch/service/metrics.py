@@ -91,7 +91,8 @@ class Metrics:
         except ImportError:
             raise MetricsError(
                 f"cannot serve metrics on {addr}: the Python package prometheus_client is not "
-                "installed (Debian: apt install python3-prometheus-client)"
+                "installed (Debian: apt install python3-prometheus-client; pip: the "
+                "exitwatch[metrics] extra)"
             ) from None
         host, port = parse_addr(addr) or ("", 0)
         self.registry = prometheus_client.CollectorRegistry()

@@ -1,7 +1,7 @@
 """A wall clock stepped under `exitwatch reap` or a running agent, for that process alone
 (support/clock.py), must never make an older unlabelled compose sibling look younger than
-its dead owner. Real compose (v1, and v2 where it can be had), the private engine, real
-owners and SIGKILL.
+its dead owner. Real compose v1 and v2 (support/tools.py finds or installs each), the
+private engine, real owners and SIGKILL.
 
 The project: `prod-app` (running) and `prod-db` (created, never started) are brought up
 unlabelled before the owner starts; then the owner's labelled `eval-app`, and an unlabelled
@@ -47,7 +47,14 @@ SHIFTED = "off the kernel's boot time, so creation times prove no order"
 
 
 def _v1(engine, where: Path, *args: str, env: dict[str, str]) -> None:
-    engine.compose(*args, cwd=where, env=env)
+    try:
+        binary = tools.compose_v1()
+    except tools.Unavailable as err:
+        pytest.skip(str(err))
+    argv = [binary, *args]
+    subprocess.run(
+        argv, cwd=where, env=engine.env(**env), check=True, capture_output=True, timeout=300
+    )
 
 
 def _v2(engine, where: Path, *args: str, env: dict[str, str]) -> None:

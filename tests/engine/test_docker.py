@@ -458,6 +458,11 @@ def test_a_project_of_the_same_name_elsewhere_is_refused_not_removed(
         "-p", project, "up", "-d", cwd=evaluation, env={"EXITWATCH_OWNER": str(child.owner)}
     )
     ours = project_containers(engine, project)
+    # As the engine names them: compose v1 says <project>_main_1, v2 <project>-main-1.
+    names = {
+        service: engine.client.api.inspect_container(cid)["Name"].lstrip("/")
+        for service, cid in ours.items()
+    }
     kill(child)
 
     outcomes = kind.reap(child.owner, held_by(kind, child.owner), dry_run=False)
@@ -465,9 +470,9 @@ def test_a_project_of_the_same_name_elsewhere_is_refused_not_removed(
     assert project_containers(engine, project) == {"db": prod_db}
     assert project_networks(engine, project) == [f"{project}_default"]
     by_what = {o.what: o for o in outcomes}
-    assert by_what[f"container {ours['main'][:12]} ({project}_main_1)"].ok
-    assert by_what[f"container {ours['helper'][:12]} ({project}_helper_1)"].ok
-    refused = by_what[f"container {prod_db[:12]} ({project}_db_1)"]
+    assert by_what[f"container {ours['main'][:12]} ({names['main']})"].ok
+    assert by_what[f"container {ours['helper'][:12]} ({names['helper']})"].ok
+    refused = by_what[f"container {prod_db[:12]} ({names['db']})"]
     assert refused.refused and not refused.ok
     assert f"working directory and config files ({prod})" in refused.detail
     [whole] = [o for o in outcomes if o.kind == "project"]

@@ -191,6 +191,7 @@ def test_without_prometheus_client_the_agent_runs_and_metrics_get_one_line(
     errors = [line for line in done.stderr.splitlines() if "Error" in line]
     assert errors == [
         f"Error: cannot serve metrics on 127.0.0.1:{port}: the Python package "
-        "prometheus_client is not installed (Debian: apt install python3-prometheus-client)"
+        "prometheus_client is not installed (Debian: apt install python3-prometheus-client; "
+        "pip: the exitwatch[metrics] extra)"
     ], done.stderr
     assert "Traceback" not in done.stderr

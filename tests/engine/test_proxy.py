@@ -144,9 +144,11 @@ def _compose(engine, proxied, tmp_path, compose: str, wait: str, env: dict[str, 
 
 
 def test_compose_v1_through_the_socket(engine, proxied, tmp_path) -> None:
-    if not shutil.which("docker-compose"):
-        pytest.skip("Debian's docker-compose (v1) is not installed")
-    _compose(engine, proxied, tmp_path, "docker-compose", "", {})
+    try:
+        binary = tools.compose_v1()
+    except tools.Unavailable as err:
+        pytest.skip(str(err))
+    _compose(engine, proxied, tmp_path, binary, "", {})
 
 
 def test_compose_v2_through_the_socket(engine, proxied, tmp_path) -> None:

@@ -39,6 +39,7 @@ def proxied(engine) -> Iterator[str]:
 
 
 # Each shape: (how to send it as `name`, how many responses to read, what the socket does).
+# The engine creates from each (Docker 20.10 from all); a later one refuses ENGINE_REFUSES.
 Shape = tuple[Callable[[str, bytes], bytes], int, str]  # (image, name)
 
 SHAPES: dict[str, Shape] = {
@@ -145,12 +146,20 @@ SHAPES: dict[str, Shape] = {
 }
 
 
+# Docker 20.10 creates from the first object and ignores the rest; 26.1 (Debian 13's) answers
+# 400 "unexpected content after JSON". The socket refuses them before either.
+ENGINE_REFUSES = {"trailing data", "two JSON objects"}
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_creation_the_engine_reads_is_labelled_or_refused(engine, proxied, shape) -> None:
     make, count, outcome = SHAPES[shape]
     direct = exchange(str(engine.socket), make(engine.image, b"direct"), count)
-    assert direct[-1][0] == 201, direct  # the engine creates from it
-    assert LABEL_OWNER not in containers(engine)["direct"]
+    if shape in ENGINE_REFUSES and direct[-1][0] == 400:
+        assert "direct" not in containers(engine), direct
+    else:
+        assert direct[-1][0] == 201, direct  # the engine creates from it
+        assert LABEL_OWNER not in containers(engine)["direct"]
 
     through = exchange(proxied, make(engine.image, b"through"), count)
     made = containers(engine)

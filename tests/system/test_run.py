@@ -96,16 +96,19 @@ def test_no_tmpdir_leaves_tmpdir_alone(bases) -> None:
 # -- signals -----------------------------------------------------------------------------------
 
 # Reports each signal it gets; exits 10+N on the one it was told to exit on.
+# The children write with os.write, not print: a handler that prints while the main code is
+# inside print's buffered write fails with "reentrant call" (seen on Python 3.13, when the
+# test's signal came as soon as "ready" reached the pipe).
 CATCHER = r"""
 import os, signal, sys
 stop = int(sys.argv[1])
 def on(n, _):
-    print(signal.Signals(n).name, flush=True)
+    os.write(1, f"{signal.Signals(n).name}\n".encode())
     if n == stop:
         sys.exit(10 + n)
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(s, on)
-print("ready", flush=True)
+os.write(1, b"ready\n")
 while True:
     signal.pause()
 """
@@ -141,17 +144,17 @@ def test_a_second_sigterm_kills_cmd(bases) -> None:
 
 # Counts SIGINTs until told to quit on stdin.
 COUNTER = r"""
-import signal, sys
+import os, signal, sys
 n = 0
 def on(*_):
     global n
     n += 1
-    print(f"INT {n}", flush=True)
+    os.write(1, f"INT {n}\n".encode())
 signal.signal(signal.SIGINT, on)
-print("ready", flush=True)
+os.write(1, b"ready\n")
 for line in sys.stdin:
     if line.strip() == "quit":
-        print(f"total {n}", flush=True)
+        os.write(1, f"total {n}\n".encode())
         sys.exit(0)
 """
 

@@ -20,6 +20,7 @@ from exitwatch.contract import (
     HOOK_FILE,
     HOOK_MAX_BYTES,
     HOOK_MAX_TIMEOUT,
+    JSON_MAX_DEPTH,
     cancel_hook,
     hook_problem,
     on_death,
@@ -259,10 +260,26 @@ def test_a_hook_file_that_is_too_large_or_not_utf8_json_is_refused(spool):
     write(top / hook_id(1), good(argv=["true", "x" * HOOK_MAX_BYTES]))
     write(top / hook_id(2), b'{"owner": "caf\xe9"}')
     write(top / hook_id(3), b'{"owner": ')
-    write(top / hook_id(4), b"[" * 4000)
+    write(top / hook_id(4), b'{"owner": "\\"' + b'\\"' * 1000)
     assert refusal(spool, hook_id(1)) == f"it is larger than {HOOK_MAX_BYTES} bytes"
     for n in (2, 3, 4):
         assert refusal(spool, hook_id(n)) == "it is not UTF-8 JSON", n
+
+
+def test_a_hook_file_nested_too_deeply_is_refused_for_that_on_every_python(spool):
+    """Decided before json.loads, whose own limit moves with the interpreter (3.11 gives up
+    at 1,000 levels, 3.13 parses 4,000)."""
+    top, fd = spool
+    deep = JSON_MAX_DEPTH + 1
+    write(top / hook_id(1), b"[" * 4000)
+    write(top / hook_id(2), b"[" * 2000 + b"]" * 2000)
+    write(top / hook_id(3), b"[" * deep + b"]" * deep)
+    write(top / hook_id(4), good(env={"A": "[" * 3000}))  # in a string: no nesting
+    for n in (1, 2, 3):
+        assert refusal(spool, hook_id(n)) == "it is JSON nested too deeply", n
+    opened = read_hook(fd, hook_id(4))
+    opened.close()
+    assert opened.body["env"] == {"A": "[" * 3000}
 
 
 def test_a_hook_file_of_a_bad_shape_or_owner_is_refused_for_that(spool):

@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from exitwatch.contract import MARKER_MAX_BYTES
+from exitwatch.contract import JSON_MAX_DEPTH, MARKER_MAX_BYTES
 from exitwatch.kinds.workdirs.marker import MarkerError, _parse, claim
 from exitwatch.owner import Owner, owner_of
 
@@ -50,6 +50,12 @@ def test_a_marker_of_the_size_limit_is_read_and_one_byte_more_is_refused():
         (b"", "is not JSON"),
         (b'{"owner": ', "is not JSON"),
         (b"[" * 4000, "is JSON nested too deeply"),
+        # Whole JSON that Python 3.13 parses and 3.11 cannot, and JSON any Python parses:
+        # refused alike, before json.loads, wherever the interpreter would give up.
+        (b"[" * 2000 + b"]" * 2000, "is JSON nested too deeply"),
+        (b"[" * (JSON_MAX_DEPTH + 1) + b"]" * (JSON_MAX_DEPTH + 1), "is JSON nested too deeply"),
+        (b"[" * JSON_MAX_DEPTH + b"]" * JSON_MAX_DEPTH, 'has no "owner" string'),
+        (b'"' + b'\\"[' * 1000, "is not JSON"),  # an unterminated string of escaped quotes
         (b"[]", 'has no "owner" string'),
         (b'"a string"', 'has no "owner" string'),
         (b"{}", 'has no "owner" string'),
@@ -68,6 +74,10 @@ def test_a_malformed_marker_says_what_is_wrong_with_it(data, why):
 def test_a_marker_naming_a_bad_owner_says_why(text):
     with pytest.raises(MarkerError, match=r"^names a bad owner: "):
         _parse(body(owner=text))
+
+
+def test_brackets_within_strings_are_no_nesting():
+    assert _parse(body(owner=str(ME), run="[" * 3000 + '\\"{' * 100)) == ME
 
 
 def test_a_marker_of_another_boot_still_names_its_owner():

@@ -22,6 +22,7 @@ from exitwatch.contract import (
     HOOK_MAX_BYTES,
     hook_problem,
     is_hook_id,
+    nests_too_deeply,
     open_spool,
 )
 from exitwatch.kinds import fsops
@@ -170,8 +171,14 @@ def _body(fd: int) -> dict:
     if len(data) > HOOK_MAX_BYTES:
         raise HookError(f"it is larger than {HOOK_MAX_BYTES} bytes")
     try:
-        body = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HookError("it is not UTF-8 JSON") from None
+    if nests_too_deeply(text):
+        raise HookError("it is JSON nested too deeply")
+    try:
+        body = json.loads(text)
+    except ValueError:
         raise HookError("it is not UTF-8 JSON") from None
     problem = hook_problem(body)
     if problem is not None:

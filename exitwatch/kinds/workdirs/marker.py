@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from exitwatch.contract import MARKER, MARKER_MAX_BYTES
+from exitwatch.contract import MARKER, MARKER_MAX_BYTES, nests_too_deeply
 from exitwatch.kinds import fsops
 from exitwatch.owner import Owner, OwnerError
 
@@ -56,13 +56,15 @@ def _parse(data: bytes) -> Owner:
     if len(data) > MARKER_MAX_BYTES:
         raise MarkerError(f"is larger than {MARKER_MAX_BYTES} bytes")
     try:
-        body = json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise MarkerError("is not UTF-8") from None
+    if nests_too_deeply(text):
+        raise MarkerError("is JSON nested too deeply")
+    try:
+        body = json.loads(text)
     except ValueError:
         raise MarkerError("is not JSON") from None
-    except RecursionError:  # "[[[[…" within 4 KiB nests deeper than the parser goes
-        raise MarkerError("is JSON nested too deeply") from None
     if not isinstance(body, dict) or not isinstance(body.get("owner"), str):
         raise MarkerError('has no "owner" string')
     try:

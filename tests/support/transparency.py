@@ -94,8 +94,9 @@ def sdk_ops(client: docker.DockerClient, image: str, suffix: str) -> list[bytes]
     # Not remove=True: the SDK then removes the container before it has read the logs it
     # follows, and the engine may cut them short (docker/docker-py#2427), on either path.
     # The sleep: dockerd 20.10 ends a follow when the container stops, and under load it
-    # has cut the direct path's logs short of a container that stopped at once.
-    cmd = ["sh", "-c", "seq 1 5000; sleep 1"]
+    # has cut a path's logs short of a container that stopped at once (the direct path's;
+    # after a 1 s sleep, again once in a loaded make test): the reader gets 3 s to catch up.
+    cmd = ["sh", "-c", "seq 1 5000; sleep 3"]
     out = [client.containers.run(image, cmd, name=f"r{suffix}")]
     client.containers.get(f"r{suffix}").remove()
     c = client.containers.run(

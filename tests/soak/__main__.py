@@ -17,16 +17,20 @@ from pathlib import Path
 
 from exitwatch.agent.audit import read as read_audit
 
-from . import checks, hooks, plain, report, runs
+from . import adopt, checks, hooks, plain, report, runs
 from .actor import Actor, Ground, View
 from .sampling import Sampler
 from support.agentproc import Agent, agent_argv
 from support.engine import ENGINE_SH
 from support.users import attacker_user, temporary_user
 
-# Each kind of owner, as a function of the soak's ground to its actors. `exitwatch
-# adopt`'s runner containers (issue 20) join here as adopt.actors.
-ACTORS: tuple[Callable[[Ground], list[Actor]], ...] = (plain.actors, runs.actors, hooks.actors)
+# Each kind of owner, as a function of the soak's ground to its actors.
+ACTORS: tuple[Callable[[Ground], list[Actor]], ...] = (
+    plain.actors,
+    runs.actors,
+    hooks.actors,
+    adopt.actors,
+)
 # Outside tests/conftest.py's engine directory, whose purge would take this one for dead.
 ENGINE_DIR = Path("/tmp/exitwatch-soak-engine")
 RECONCILE_INTERVAL = 60  # s: periodic reconciles laid over the events, ten in ten minutes

@@ -1,6 +1,6 @@
 """The figures sampled throughout: the agent's RSS, open fds and threads, and the RSS of the
-processes each actor names (`Actor.rss`: the wrappers of `exitwatch run`), with the owners
-ended so far, every SAMPLE_EVERY seconds on a thread of its own."""
+processes each actor names (`Actor.rss`: the wrappers of `exitwatch run`, the adopt
+service), with the owners ended so far, every SAMPLE_EVERY seconds on a thread of its own."""
 
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
+
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import current_boot_id
 from exitwatch.procfs import read_stat
@@ -138,13 +140,23 @@ def runner_argv(adopt: Adopt, name: str, *extra: str, compose: Path | None = Non
 
 def init_owner(engine, container: str) -> str:
     """The owner string of a running container's init, as the host names it."""
-    pid = engine.client.api.inspect_container(container)["State"]["Pid"]
+    return init_owner_of(engine.client.api, container)
+
+
+def init_owner_of(api: docker.APIClient, container: str) -> str:
+    """init_owner, through the client `api` (the soak's engine is no fixture's)."""
+    pid = api.inspect_container(container)["State"]["Pid"]
     return f"{current_boot_id()}:{pid}:{read_stat(pid).starttime}"
 
 
 def owned(engine, owner: str) -> dict[str, list[str]]:
     """The names of the containers, networks and volumes labelled with `owner`."""
-    api, label = engine.client.api, {"label": f"{LABEL_OWNER}={owner}"}
+    return owned_by(engine.client.api, owner)
+
+
+def owned_by(api: docker.APIClient, owner: str) -> dict[str, list[str]]:
+    """owned, through the client `api`."""
+    label = {"label": f"{LABEL_OWNER}={owner}"}
     return {
         "containers": sorted(
             c["Names"][0].lstrip("/") for c in api.containers(all=True, filters=label)

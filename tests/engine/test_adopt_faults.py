@@ -23,9 +23,9 @@ from exitwatch.runner.peers import Adopting
 from exitwatch.runner.proxy import Proxy, listen
 
 from support.adopt import (
-    DOCKER_CLI,
     Adopt,
     adopting,
+    cli_mounts,
     holding,
     init_owner,
     owned,
@@ -76,7 +76,7 @@ def served(engine, monkeypatch) -> Iterator[tuple[Path, _Failing]]:
 
 def _client(engine, sock: Path, name: str, prefix: str) -> str:
     argv = ["docker", "run", "--rm", "--name", name, "-v", f"{sock}:/var/run/docker.sock"]
-    argv += ["-v", f"{DOCKER_CLI}:/bin/docker:ro", "-e", f"P={prefix}", "-e"]
+    argv += [*cli_mounts(), "-e", f"P={prefix}", "-e"]
     argv += [f"IMAGE={engine.image}", engine.image, "sh", "-c", CLIENT]
     done = subprocess.run(argv, env=engine.env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -19,7 +19,7 @@ import pytest
 from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME
 
 from support import runners, tools
-from support.adopt import DOCKER_CLI, PLUGINS, adopting
+from support.adopt import PLUGINS, adopting, cli_mounts
 from support.transparency import (
     CLI_OPS,
     COMPOSE_FILE,
@@ -69,7 +69,7 @@ def _in_container(
     whose /var/run/docker.sock is `sock`, with the static CLI as `docker` and `work`
     mounted where it is, and the `extra` options; its output."""
     argv = ["docker", "run", "--rm", "--name", name, "-v", f"{sock}:/var/run/docker.sock"]
-    argv += ["-v", f"{DOCKER_CLI}:/bin/docker:ro", "-v", f"{work}:{work}", "-w", str(work)]
+    argv += [*cli_mounts(), "-v", f"{work}:{work}", "-w", str(work)]
     done = subprocess.run(
         [*argv, *extra, image or engine.image, "sh", "-euo", "pipefail", "-c", script],
         env=engine.env(),

@@ -22,7 +22,7 @@ import docker
 import pytest
 
 from support import runners, tools
-from support.adopt import DOCKER_CLI, Adopt, init_owner, owned, short_dir
+from support.adopt import Adopt, cli_mounts, init_owner, owned, short_dir
 from support.agentproc import GONE_DEADLINE, Agents
 from support.procs import wait_for
 
@@ -99,7 +99,7 @@ def test_verifiers_in_a_killed_container_leaves_nothing(rig, tmp_path) -> None:
     made = scratch / "sandbox"
     python = runners.PYTHON
     argv = ["run", "-d", "--name", "vf-runner", "--network", "host"]
-    argv += ["-v", f"{adopt.listen}:/var/run/docker.sock", "-v", f"{DOCKER_CLI}:/bin/docker:ro"]
+    argv += ["-v", f"{adopt.listen}:/var/run/docker.sock", *cli_mounts()]
     argv += ["-v", f"{python}:{python}:ro", "-v", f"{venv}:{venv}:ro"]
     # The host's libraries that the venv's extension modules need (the image has python's).
     for lib in sorted(runners.libraries([str(p) for p in venv.rglob("*.so*")])):

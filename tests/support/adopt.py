@@ -1,12 +1,13 @@
 """`exitwatch adopt` as the tests run it: the real command, its socket bound by hand in a
 fresh directory or held as systemd holds it (socket activation), and runner containers that
-mount that socket in place of /var/run/docker.sock, with the host's static docker CLI (and
+mount that socket in place of /var/run/docker.sock, with a docker CLI of the host's (and
 compose v2) mounted in."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,7 +25,8 @@ from exitwatch.procfs import read_stat
 
 from support.procs import wait_for
 
-DOCKER_CLI = "/usr/local/bin/docker"  # static: runs in a busybox container
+STATIC_CLI = "/usr/local/bin/docker"  # statically linked: runs in a busybox container as it is
+DEBIAN_CLI = "/usr/bin/docker"  # Debian's, linked against libc
 PLUGINS = "/usr/libexec/docker/cli-plugins"  # where the CLI looks, in a container
 
 
@@ -126,12 +128,23 @@ def holding(path: Path) -> socket.socket:
     return sock
 
 
+def cli_mounts() -> list[str]:
+    """`docker run` arguments that put a docker CLI at /bin/docker in a busybox container:
+    the static one where the host has it, else Debian's (Debian 13 has no other), with the
+    libraries it links mounted at their own paths."""
+    if os.path.exists(STATIC_CLI):
+        return ["-v", f"{STATIC_CLI}:/bin/docker:ro"]
+    linked = subprocess.run(["ldd", DEBIAN_CLI], capture_output=True, text=True, check=True)
+    libraries = re.findall(r"(/\S+) \(0x", linked.stdout)
+    return ["-v", f"{DEBIAN_CLI}:/bin/docker:ro", *(f"-v{lib}:{lib}:ro" for lib in libraries)]
+
+
 def runner_argv(adopt: Adopt, name: str, *extra: str, compose: Path | None = None) -> list[str]:
     """`docker run -d` arguments of a runner container `name` with the adopt socket mounted
     where its clients look for the engine, and the static CLI (and compose v2's plugin,
     from the DOCKER_CONFIG `compose`) mounted in."""
     argv = ["run", "-d", "--name", name, "-v", f"{adopt.listen}:/var/run/docker.sock"]
-    argv += ["-v", f"{DOCKER_CLI}:/bin/docker:ro"]
+    argv += cli_mounts()
     if compose is not None:
         plugin = compose / "cli-plugins" / "docker-compose"
         argv += ["-v", f"{plugin}:{PLUGINS}/docker-compose:ro"]

@@ -145,6 +145,13 @@ class Responses:
         if raw and (item.hijacking or status == 101):
             self._raw(RAW)
             return False
+        length = None
+        if b"content-length" in fields:
+            # Read before the head goes on: whoever has the head has the verdict too.
+            try:
+                length = int(fields[b"content-length"])
+            except ValueError:
+                raise _Lost() from None
         item.answered.set()
         self._flush(end)
         if item.head or status in (204, 304):
@@ -154,11 +161,7 @@ class Responses:
                 self._raw(RAW)  # a body that ends with the connection
                 return False
             self._chunked()
-        elif b"content-length" in fields:
-            try:
-                length = int(fields[b"content-length"])
-            except ValueError:
-                raise _Lost() from None
+        elif length is not None:
             self._skip(length)
         else:
             self._raw(RAW)

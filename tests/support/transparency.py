@@ -91,14 +91,14 @@ def sdk_ops(client: docker.DockerClient, image: str, suffix: str) -> list[bytes]
     """The SDK's run, exec, exec -i by its own hijack, archives both ways, logs followed,
     and a network and a volume; the outputs, the last two the labels' names of those."""
     api = client.api
-    # Not remove=True: the SDK then removes the container before it has read the logs it
-    # follows, and the engine may cut them short (docker/docker-py#2427), on either path.
-    # The sleep: dockerd 20.10 ends a follow when the container stops, and under load it
-    # has cut a path's logs short of a container that stopped at once (the direct path's;
-    # after a 1 s sleep, again once in a loaded make test): the reader gets 3 s to catch up.
-    cmd = ["sh", "-c", "seq 1 5000; sleep 3"]
-    out = [client.containers.run(image, cmd, name=f"r{suffix}")]
-    client.containers.get(f"r{suffix}").remove()
+    # Run, wait, then read the logs whole. Not the SDK's attached run: it follows the logs
+    # while the container runs, and dockerd 20.10 ends a follow when the container stops,
+    # cutting short under load what the follower had not read yet, on either path (seen in
+    # loaded make tests with the container sleeping 1 s and 3 s after its output). A follow
+    # is compared below, of a container that keeps running.
+    r = client.containers.run(image, ["seq", "1", "5000"], name=f"r{suffix}", detach=True)
+    out = [str(r.wait()["StatusCode"]).encode() + b"\n" + r.logs()]
+    r.remove()
     c = client.containers.run(
         image, ["sh", "-c", "seq 1 200; sleep 1000"], name=f"s{suffix}", detach=True
     )

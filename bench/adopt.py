@@ -32,10 +32,9 @@ from pathlib import Path
 import docker
 
 from bench import stats
-from bench.engine import IMAGE, Engine
-from bench.wrapper import Peak, create_start, ping_ms, stream
+from bench.engine import Engine
+from bench.wrapper import Peak, paired
 
-STREAM_ROUNDS = 6  # even: each socket goes first as often
 LIST_CLIENTS = 32
 LIST_REQUESTS = 50  # per client and round
 LIST_ROUNDS = 4  # even
@@ -146,21 +145,9 @@ def run(engine: Engine, trials: int, stream_bytes: int, cp_bytes: int) -> dict:
     try:
         direct_api = docker.APIClient(base_url=engine.host, timeout=300)
         adopt_api = docker.APIClient(base_url=through_host, timeout=300)
-        direct, through, ping_d, ping_a = [], [], [], []
-        for n in range(trials):
-            pair = [(direct, direct_api), (through, adopt_api)]
-            for times, api in pair if n % 2 else reversed(pair):
-                times.append(create_start(api, made))
-            ping_d += ping_ms(engine.host, 5)
-            ping_a += ping_ms(through_host, 5)
-        cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]
-        made.append(cid)
-        direct_api.start(cid)
-        d_rate, a_rate = [], []
-        for n in range(STREAM_ROUNDS):
-            pair = [(d_rate, direct_api), (a_rate, adopt_api)]
-            for rates, api in pair if n % 2 else reversed(pair):
-                rates.append(stream(api, cid, stream_bytes))
+        direct, through, ping_d, ping_a, cid, d_rate, a_rate = paired(
+            engine.host, through_host, direct_api, adopt_api, trials, stream_bytes, made
+        )
         d_list, a_list = [], []
         for n in range(LIST_ROUNDS):
             pair = [(d_list, engine.host), (a_list, through_host)]

@@ -104,6 +104,38 @@ def stream(api: docker.APIClient, cid: str, size: int) -> float:
     return got / took / 1e6
 
 
+def paired(
+    direct_host: str,
+    other_host: str,
+    direct_api: docker.APIClient,
+    other_api: docker.APIClient,
+    trials: int,
+    stream_bytes: int,
+    made: list[str],
+) -> tuple[list[float], list[float], list[float], list[float], str, list[float], list[float]]:
+    """The direct socket and another in front of it, trial by trial: create+start ms of
+    each, new-connection `_ping` ms of each, a running container's id (in `made`) and the
+    exec stream's MB/s through each."""
+    direct, through, ping_d, ping_o = [], [], [], []
+    for n in range(trials):
+        # Each goes first in turn, so that neither pays alone for what the engine still
+        # does in the background (its log and layer writes, say).
+        pair = [(direct, direct_api), (through, other_api)]
+        for times, api in pair if n % 2 else reversed(pair):
+            times.append(create_start(api, made))
+        ping_d += ping_ms(direct_host, 5)
+        ping_o += ping_ms(other_host, 5)
+    cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]
+    made.append(cid)
+    direct_api.start(cid)
+    d_rate, o_rate = [], []
+    for n in range(STREAM_ROUNDS):
+        pair = [(d_rate, direct_api), (o_rate, other_api)]
+        for rates, api in pair if n % 2 else reversed(pair):
+            rates.append(stream(api, cid, stream_bytes))
+    return direct, through, ping_d, ping_o, cid, d_rate, o_rate
+
+
 def _client_work(host: str, n: int) -> str | None:
     """One client's round; None, or what failed."""
     api = docker.APIClient(base_url=host, timeout=120)
@@ -136,23 +168,9 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         proxied = wrapper.stdout.readline().strip()
         direct_api = docker.APIClient(base_url=engine.host, timeout=300)
         proxy_api = docker.APIClient(base_url=proxied, timeout=300)
-        direct, through, ping_d, ping_p = [], [], [], []
-        for n in range(trials):
-            # Each goes first in turn, so that neither pays alone for what the engine still
-            # does in the background (its log and layer writes, say).
-            pair = [(direct, direct_api), (through, proxy_api)]
-            for times, api in pair if n % 2 else reversed(pair):
-                times.append(create_start(api, made))
-            ping_d += ping_ms(engine.host, 5)
-            ping_p += ping_ms(proxied, 5)
-        cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]
-        made.append(cid)
-        direct_api.start(cid)
-        d_rate, p_rate = [], []
-        for n in range(STREAM_ROUNDS):
-            pair = [(d_rate, direct_api), (p_rate, proxy_api)]
-            for rates, api in pair if n % 2 else reversed(pair):
-                rates.append(stream(api, cid, stream_bytes))
+        direct, through, ping_d, ping_p, _, d_rate, p_rate = paired(
+            engine.host, proxied, direct_api, proxy_api, trials, stream_bytes, made
+        )
         with ThreadPoolExecutor(CLIENTS) as pool:
             failures = [f for f in pool.map(_client_work, [proxied] * CLIENTS, range(CLIENTS)) if f]
         direct_api.close()

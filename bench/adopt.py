@@ -31,7 +31,6 @@ from pathlib import Path
 
 import docker
 
-from bench import stats
 from bench.engine import Engine
 from bench.wrapper import Peak, paired
 
@@ -145,8 +144,13 @@ def run(engine: Engine, trials: int, stream_bytes: int, cp_bytes: int) -> dict:
     try:
         direct_api = docker.APIClient(base_url=engine.host, timeout=300)
         adopt_api = docker.APIClient(base_url=through_host, timeout=300)
-        direct, through, ping_d, ping_a, cid, d_rate, a_rate = paired(
-            engine.host, through_host, direct_api, adopt_api, trials, stream_bytes, made
+        figures, cid = paired(
+            "adopt",
+            (engine.host, direct_api),
+            (through_host, adopt_api),
+            trials,
+            stream_bytes,
+            made,
         )
         d_list, a_list = [], []
         for n in range(LIST_ROUNDS):
@@ -170,23 +174,8 @@ def run(engine: Engine, trials: int, stream_bytes: int, cp_bytes: int) -> dict:
         engine.remove(made)
         shutil.rmtree(where, ignore_errors=True)
     return {
-        "create_start_ms": {
-            "direct": stats.summary(direct),
-            "adopt": stats.summary(through),
-            "overhead": stats.paired(through, direct),
-        },
-        # A new connection and _ping: the proxy's cost and the attribution, no engine work.
-        "ping_ms": {
-            "direct": stats.summary(ping_d),
-            "adopt": stats.summary(ping_a),
-            "overhead": stats.paired(ping_a, ping_d),
-        },
-        "stream": {
-            "bytes": stream_bytes,
-            "direct_mb_s": round(statistics.median(d_rate), 1),
-            "adopt_mb_s": round(statistics.median(a_rate), 1),
-            "ratio": round(statistics.median(a_rate) / statistics.median(d_rate), 3),
-        },
+        # ping_ms: a new connection's _ping, the attribution included, no engine work.
+        **figures,
         "list": {
             "clients": LIST_CLIENTS,
             "direct_per_s": round(statistics.median(d_list)),

@@ -105,35 +105,55 @@ def stream(api: docker.APIClient, cid: str, size: int) -> float:
 
 
 def paired(
-    direct_host: str,
-    other_host: str,
-    direct_api: docker.APIClient,
-    other_api: docker.APIClient,
+    name: str,
+    direct: tuple[str, docker.APIClient],
+    other: tuple[str, docker.APIClient],
     trials: int,
     stream_bytes: int,
     made: list[str],
-) -> tuple[list[float], list[float], list[float], list[float], str, list[float], list[float]]:
-    """The direct socket and another in front of it, trial by trial: create+start ms of
-    each, new-connection `_ping` ms of each, a running container's id (in `made`) and the
-    exec stream's MB/s through each."""
-    direct, through, ping_d, ping_o = [], [], [], []
+) -> tuple[dict, str]:
+    """The direct socket and another in front of it (each its host and client), trial by
+    trial: the figures of create+start, of `_ping` on a new connection and of an exec
+    stream, the other's under `name`; and the id of the running container streamed from
+    (in `made`)."""
+    d_times, o_times, d_ping, o_ping = [], [], [], []
     for n in range(trials):
         # Each goes first in turn, so that neither pays alone for what the engine still
         # does in the background (its log and layer writes, say).
-        pair = [(direct, direct_api), (through, other_api)]
+        pair = [(d_times, direct[1]), (o_times, other[1])]
         for times, api in pair if n % 2 else reversed(pair):
             times.append(create_start(api, made))
-        ping_d += ping_ms(direct_host, 5)
-        ping_o += ping_ms(other_host, 5)
-    cid = direct_api.create_container(IMAGE, "sleep 1000")["Id"]
+        d_ping += ping_ms(direct[0], 5)
+        o_ping += ping_ms(other[0], 5)
+    cid = direct[1].create_container(IMAGE, "sleep 1000")["Id"]
     made.append(cid)
-    direct_api.start(cid)
+    direct[1].start(cid)
     d_rate, o_rate = [], []
     for n in range(STREAM_ROUNDS):
-        pair = [(d_rate, direct_api), (o_rate, other_api)]
+        pair = [(d_rate, direct[1]), (o_rate, other[1])]
         for rates, api in pair if n % 2 else reversed(pair):
             rates.append(stream(api, cid, stream_bytes))
-    return direct, through, ping_d, ping_o, cid, d_rate, o_rate
+    figures = {
+        # Each create+start through the socket against the direct one run beside it.
+        "create_start_ms": {
+            "direct": stats.summary(d_times),
+            name: stats.summary(o_times),
+            "overhead": stats.paired(o_times, d_times),
+        },
+        # The socket's own cost on a new connection, without the engine's work and jitter.
+        "ping_ms": {
+            "direct": stats.summary(d_ping),
+            name: stats.summary(o_ping),
+            "overhead": stats.paired(o_ping, d_ping),
+        },
+        "stream": {
+            "bytes": stream_bytes,
+            "direct_mb_s": round(statistics.median(d_rate), 1),
+            f"{name}_mb_s": round(statistics.median(o_rate), 1),
+            "ratio": round(statistics.median(o_rate) / statistics.median(d_rate), 3),
+        },
+    }
+    return figures, cid
 
 
 def _client_work(host: str, n: int) -> str | None:
@@ -168,8 +188,8 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         proxied = wrapper.stdout.readline().strip()
         direct_api = docker.APIClient(base_url=engine.host, timeout=300)
         proxy_api = docker.APIClient(base_url=proxied, timeout=300)
-        direct, through, ping_d, ping_p, _, d_rate, p_rate = paired(
-            engine.host, proxied, direct_api, proxy_api, trials, stream_bytes, made
+        figures, _ = paired(
+            "run", (engine.host, direct_api), (proxied, proxy_api), trials, stream_bytes, made
         )
         with ThreadPoolExecutor(CLIENTS) as pool:
             failures = [f for f in pool.map(_client_work, [proxied] * CLIENTS, range(CLIENTS)) if f]
@@ -182,24 +202,7 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         rss = peak.mb()
         engine.remove(made)
     return {
-        # Each create+start through the socket against the direct one run beside it.
-        "create_start_ms": {
-            "direct": stats.summary(direct),
-            "run": stats.summary(through),
-            "overhead": stats.paired(through, direct),
-        },
-        # The proxy's own cost, without the engine's work and its jitter around it.
-        "ping_ms": {
-            "direct": stats.summary(ping_d),
-            "run": stats.summary(ping_p),
-            "overhead": stats.paired(ping_p, ping_d),
-        },
-        "stream": {
-            "bytes": stream_bytes,
-            "direct_mb_s": round(statistics.median(d_rate), 1),
-            "run_mb_s": round(statistics.median(p_rate), 1),
-            "ratio": round(statistics.median(p_rate) / statistics.median(d_rate), 3),
-        },
+        **figures,
         "clients": CLIENTS,
         "client_failures": len(failures),
         "failures_shown": failures[:3],

@@ -9,6 +9,7 @@ Only the labels differ: the owner, and what the owner is.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,6 +54,10 @@ PYTHON_MOUNTS = [  # Debian's docker SDK and compose v1, in the python image
     "-v",
     f"{ROOT}:{ROOT}:ro",
 ]
+# requests 2.32 (Debian 13) loads the CA bundle as it is imported.
+CERTS = "/etc/ssl/certs"
+if os.path.isdir(CERTS):
+    PYTHON_MOUNTS += ["-v", f"{CERTS}:{CERTS}:ro"]
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ to act as it. The `attacker` fixture (tests/conftest.py) is built on these."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
 import subprocess
@@ -12,21 +13,29 @@ from pathlib import Path
 from typing import Any
 
 ATTACKER = "exitwatch-test"
+# useradd and userdel of sessions side by side (two passes, xdist's workers) take their
+# turn here: shadow's own lock fails at once ("cannot lock /etc/passwd") when held.
+USERS_LOCK = "/run/lock/exitwatch-tests-users.lock"
 # The attacker cannot run pyenv's interpreter under /root; Debian's is world-readable.
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
+@contextlib.contextmanager
+def users_database() -> Iterator[None]:
+    """This session's turn at the host's users database, for as long as it is held."""
+    os.makedirs(os.path.dirname(USERS_LOCK), exist_ok=True)
+    with open(USERS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def attacker_user() -> pwd.struct_passwd:
     """The unprivileged user, created (without a home) if it is missing."""
-    try:
-        return pwd.getpwnam(ATTACKER)
-    except KeyError:
-        # Another test session may be adding it at the same time: look again, whoever won.
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ATTACKER],
-            check=False,
-            capture_output=True,
-        )
+    with users_database():
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(ATTACKER)
+        argv = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+        subprocess.run([*argv, ATTACKER], check=True, capture_output=True)
         return pwd.getpwnam(ATTACKER)
 
 
@@ -60,8 +69,11 @@ def temporary_user(prefix: str = "exitwatch-t") -> Iterator[pwd.struct_passwd]:
     sessions side by side never share one; deleted afterwards."""
     name = f"{prefix}{os.getpid()}"
     argv = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
-    subprocess.run(argv, check=True, capture_output=True)
+    with users_database():
+        subprocess.run(argv, check=True, capture_output=True)
+        made = pwd.getpwnam(name)
     try:
-        yield pwd.getpwnam(name)
+        yield made
     finally:
-        subprocess.run(["userdel", "--force", name], check=False, capture_output=True)
+        with users_database():
+            subprocess.run(["userdel", "--force", name], check=False, capture_output=True)

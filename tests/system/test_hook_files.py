@@ -43,6 +43,7 @@ from exitwatch.owner import Owner
 
 from support.hooks import body, hook_id, plant
 from support.procs import kill, spawn_owner, state, wait_for
+from support.users import users_database
 
 EXAMPLES = settings(
     max_examples=200,
@@ -392,9 +393,22 @@ def test_a_spool_that_cannot_be_listed_now_loses_no_hook(spool, dead_owner, monk
 def test_a_hook_refused_for_an_unknown_uid_is_looked_at_again(spool, dead_owner, tmp_path):
     """A user lookup that fails (NSS, LDAP for a moment) is not remembered until the file
     changes: a later listing of the spool looks again. Here the uid gains its entry."""
-    uid, name = 54329, "exitwatch-nss-test"
+    with users_database():  # the uid stays free until this test adds it
+        uid, name = _free_uid(), f"exitwatch-nss{os.getpid()}"
+        _unknown_uid_looked_at_again(spool, dead_owner, uid, name)
+
+
+def _free_uid() -> int:
+    return next(u for u in range(54329, 59999) if not _known(u))
+
+
+def _known(uid: int) -> bool:
     with contextlib.suppress(KeyError):
-        pytest.skip(f"uid {uid} exists here: {pwd.getpwuid(uid).pw_name}")
+        return bool(pwd.getpwuid(uid))
+    return False
+
+
+def _unknown_uid_looked_at_again(spool, dead_owner, uid: int, name: str) -> None:
     path = plant(spool, 7, body(dead_owner, ["true"])).parent
     os.chown(path / HOOK_FILE, uid, uid)
     os.chown(path, uid, uid)

@@ -249,13 +249,16 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
     """Show what the agent watches and what it removed; exit 3 if no agent answers."""
     config = _config(config_path, **flags)
     from exitwatch.agent import audit
-    from exitwatch.service.status import build
     from exitwatch.service.status.server import query
     from exitwatch.service.status.text import render
 
     doc = query(config.status_socket)
     code = 0
     if doc is None:
+        # Only the scan needs the kinds (and the docker SDK, requests...): an agent's
+        # answer is shown without them, in a fraction of the time.
+        from exitwatch.service.status import build
+
         # Errors only: a warning for each bad marker would bury the status, which counts
         # them instead; `exitwatch reap --dry-run` names each.
         logs.setup("text", logging.ERROR)

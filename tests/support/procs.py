@@ -84,15 +84,21 @@ def run(
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:
-    """Poll `predicate` until it returns something truthy; return that. Fail after `timeout`."""
+    """Poll `predicate` until it returns something truthy; return that. Fail after `timeout`.
+
+    The pause between polls grows from 10 ms to 50 ms: a predicate is often a request to the
+    engine or a process of its own, and on two cores a test polling as fast as it can for
+    seconds takes the CPU from what it waits for (and from the tests beside it)."""
     deadline = time.monotonic() + timeout
+    pause = 0.01
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(pause * 1.25, 0.05)
 
 
 def _start(argv: list[str]) -> Child:

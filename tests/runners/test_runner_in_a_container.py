@@ -90,12 +90,18 @@ def rig(tmp_path) -> Iterator[tuple[_Engine, Adopt, Path]]:
             shutil.rmtree(where, ignore_errors=True)
 
 
-def test_verifiers_in_a_killed_container_leaves_nothing(rig, tmp_path) -> None:
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """Short: verifiers binds a socket below its TMPDIR (and tmp_path is long under xdist)."""
+    where = short_dir("exitwatch-vf-")
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def test_verifiers_in_a_killed_container_leaves_nothing(rig, scratch) -> None:
     engine, adopt, venv = rig
     # Its scratch (TMPDIR, HOME) is where the host has it too: verifiers bind-mounts a
     # directory of its TMPDIR into a helper container, which the engine finds on the host.
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
     made = scratch / "sandbox"
     python = runners.PYTHON
     argv = ["run", "-d", "--name", "vf-runner", "--network", "host"]

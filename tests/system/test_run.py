@@ -177,7 +177,8 @@ def _in_a_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
         deadline = time.monotonic() + 60
         while text not in shown:
             left = deadline - time.monotonic()
-            assert left > 0 and select.select([fd], [], [], left)[0], f"no {text!r} in {shown!r}"
+            if not (left > 0 and select.select([fd], [], [], left)[0]):
+                raise AssertionError(f"no {text!r} in {shown!r}; the child: {_signals(pid)}")
             try:
                 shown += os.read(fd, 4096).decode(errors="replace")
             except OSError:  # EIO: the other side closed
@@ -195,6 +196,16 @@ def _in_a_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     finally:
         os.close(fd)
     return os.waitstatus_to_exitcode(status), shown
+
+
+def _signals(pid: int) -> str:
+    """What the kernel holds of `pid`'s state and signals: why a ^C brought no line."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+            return "; ".join(line.strip() for line in f if line.startswith(keep))
+    except OSError as err:
+        return f"/proc/{pid}/status: {err.strerror}"
 
 
 def test_ctrl_c_in_a_terminal_is_as_without_the_wrapper(bases) -> None:

@@ -17,7 +17,7 @@ DEBIAN_PY := /usr/bin/python3
 # the offline wheel build of tests/system/test_bpf_object.py (Debian 12 pulls it in, 13 not).
 APT_PACKAGES := docker.io docker-compose busybox-static python3-venv python3-setuptools \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
-	python3-pytest python3-hypothesis \
+	python3-pytest python3-pytest-xdist python3-hypothesis \
 	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base \
 	systemd e2fsprogs git
 # The release, from /etc/os-release: 13 moved the docker CLI out of docker.io into
@@ -57,22 +57,21 @@ lint: venv
 	$(VENV)/bin/ruff check exitwatch tests bench packaging
 	$(VENV)/bin/ruff format --check exitwatch tests bench packaging
 
-# The whole suite twice: under the newest PyPI libraries, and under Debian's python3 with
-# bookworm's packages (what the .deb depends on), one after the other. TEST_PARALLEL=1 runs
-# the two side by side, each into its own log shown whole once both are done (most of a pass
-# is waiting on engines, agents and signals; tests/README.md, "Where the time goes"). It is
-# not the default: the passes then share the host's users database and dpkg, and under load
-# side by side was measured slower, not faster.
+# The whole suite twice, side by side: under the newest PyPI libraries (the venv), and
+# under Debian's python3 with bookworm's packages (what the .deb depends on). Each pass
+# spreads its test files over pytest-xdist workers, each with a private engine of its own:
+# TEST_WORKERS for the Debian pass, one more for the venv's, which alone runs the runners,
+# the package and the bench's smoke. Each pass writes its own log under build/test/, shown
+# whole once both are done; the target fails if either does. TEST_WORKERS=0 runs each pass
+# in one process, as pytest alone does (tests/README.md, "Where the time goes").
 TEST_LOGS := build/test
+TEST_WORKERS ?= 2
+TEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(1) --dist loadfile)
 test: deps lint
 	@mkdir -p $(TEST_LOGS)
-	@if [ -z "$(TEST_PARALLEL)" ]; then \
-		$(VPY) -m pytest -q && PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider; \
-		exit $$?; \
-	fi; \
-	start=$$(date +%s); \
-	$(VPY) -m pytest -q >$(TEST_LOGS)/venv.log 2>&1 & venv=$$!; \
-	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider \
+	@start=$$(date +%s); \
+	$(VPY) -m pytest -q $(call TEST_XDIST,$$(( $(TEST_WORKERS) + 1 ))) >$(TEST_LOGS)/venv.log 2>&1 & venv=$$!; \
+	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider $(call TEST_XDIST,$(TEST_WORKERS)) \
 		>$(TEST_LOGS)/debian.log 2>&1 & debian=$$!; \
 	trap 'kill $$venv $$debian 2>/dev/null; exit 130' INT TERM; \
 	wait $$venv; rv=$$?; wait $$debian; rd=$$?; \

@@ -16,11 +16,11 @@
 #    workdir and on-death hook, `exitwatch status`, and what an `exitwatch run` left.
 # 3. The suite, from a clone of this tree (HEAD, with the work tree's changes on top) in
 #    the root: `make deps`, which installs the Makefile's apt packages from trixie, its
-#    venv and the eBPF object, then `make test`'s steps: lint, the venv's pass and the pass
-#    under trixie's /usr/bin/python3 and libraries, each run even if one before failed.
-#    The suite's private engine is trixie's dockerd, started by tests/support/engine.sh
-#    inside the root. With PYTEST_ARGS, those
-#    tests alone run, under both interpreters, instead of `make test`.
+#    venv and the eBPF object, then `make test`: lint, the venv's pass and the pass under
+#    trixie's /usr/bin/python3 and libraries, side by side, each reported whole. The
+#    suite's private engines are trixie's dockerd, started by tests/support/engine.sh
+#    inside the root. With PYTEST_ARGS, those tests alone run, under both interpreters one
+#    after the other, instead of `make test`.
 # --reuse skips 1 and 2 and runs 3 in the last run's root as it was left (its packages and
 #    venv installed), with the tree cloned again: to rerun what failed after a fix.
 #
@@ -255,12 +255,15 @@ suite() {
     timed "make deps (apt, venv, eBPF object)" make deps
     versions
     timed "make run" make_run
-    # make test's steps one by one, each run even when one before it failed (make would stop
-    # at the first), so one run reports both passes.
+    # The whole `make test` (lint, then both passes side by side, each reported whole);
+    # with PYTEST_ARGS, those tests under each interpreter, one after the other.
+    if [ $# -eq 0 ]; then
+        timed "make test" make test
+        return
+    fi
     local failed=0
-    if [ $# -eq 0 ]; then timed "make lint" make lint || failed=1; fi
-    timed "pytest ${*:-(all)} (venv)" .venv/bin/python -m pytest -q "$@" || failed=1
-    timed "pytest ${*:-(all)} (/usr/bin/python3)" \
+    timed "pytest $* (venv)" .venv/bin/python -m pytest -q "$@" || failed=1
+    timed "pytest $* (/usr/bin/python3)" \
         env PYTHONPATH="$SRC" /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@" || failed=1
     return "$failed"
 }

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
 
+from support.locks import turn
 from support.tools import CACHE
 
 ENGINE_SH = Path(__file__).with_name("engine.sh")
@@ -85,7 +86,8 @@ def bridge_engine() -> Iterator[BridgeEngine]:
     subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
     _sh("ip", "link", "add", bridge, "type", "bridge")
     try:
-        _sh("ip", "addr", "add", f"{_free_subnet()}.1/24", "dev", bridge)
+        with turn("bridges"):  # the choice of a free subnet is check-then-act
+            _sh("ip", "addr", "add", f"{_free_subnet()}.1/24", "dev", bridge)
         _sh("ip", "link", "set", bridge, "up")
         BASE.mkdir(mode=0o700, exist_ok=True)
         base = os.lstat(BASE)

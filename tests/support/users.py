@@ -4,7 +4,6 @@ to act as it. The `attacker` fixture (tests/conftest.py) is built on these."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import pwd
 import subprocess
@@ -12,20 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from support.locks import turn
+
 ATTACKER = "exitwatch-test"
-# useradd and userdel of sessions side by side (two passes, xdist's workers) take their
-# turn here: shadow's own lock fails at once ("cannot lock /etc/passwd") when held.
-USERS_LOCK = "/run/lock/exitwatch-tests-users.lock"
 # The attacker cannot run pyenv's interpreter under /root; Debian's is world-readable.
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @contextlib.contextmanager
 def users_database() -> Iterator[None]:
-    """This session's turn at the host's users database, for as long as it is held."""
-    os.makedirs(os.path.dirname(USERS_LOCK), exist_ok=True)
-    with open(USERS_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    """This session's turn at the host's users database, for as long as it is held: shadow's
+    own lock makes a useradd or userdel beside another fail at once ("cannot lock
+    /etc/passwd")."""
+    with turn("users"):
         yield
 
 

@@ -393,9 +393,12 @@ def test_a_spool_that_cannot_be_listed_now_loses_no_hook(spool, dead_owner, monk
 def test_a_hook_refused_for_an_unknown_uid_is_looked_at_again(spool, dead_owner, tmp_path):
     """A user lookup that fails (NSS, LDAP for a moment) is not remembered until the file
     changes: a later listing of the spool looks again. Here the uid gains its entry."""
-    with users_database():  # the uid stays free until this test adds it
-        uid, name = _free_uid(), f"exitwatch-nss{os.getpid()}"
-        _unknown_uid_looked_at_again(spool, dead_owner, uid, name)
+    # Held throughout: the uid stays free until this test adds it, and one session at a time
+    # has the name (a session killed before its userdel left it: removed first).
+    with users_database():
+        name = "exitwatch-nss-test"
+        subprocess.run(["userdel", name], capture_output=True, check=False)
+        _unknown_uid_looked_at_again(spool, dead_owner, _free_uid(), name)
 
 
 def _free_uid() -> int:

@@ -38,7 +38,11 @@ from support.transparency import (
 
 OWNER = str(owner_of())
 # Files only: a `-v` of a CLI that is not there leaves a directory in its place.
-CLIS = [p for p in ("/usr/local/bin/docker", "/usr/bin/docker") if os.path.isfile(p)]
+CLIS = [
+    p
+    for p in ("/usr/local/bin/docker", "/usr/bin/docker")
+    if os.path.isfile(p) and os.access(p, os.X_OK)
+]
 
 
 @pytest.fixture

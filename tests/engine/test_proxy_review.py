@@ -2,7 +2,8 @@
 volumes made through the legacy fields of a container create and through an old API's
 container start (sent to the engine directly first, where they are made unlabelled, so the
 shape is real), creations that held the body budget while their clients sent nothing, a
-response head past what the socket reads, and a hijack answered inside a chunked body."""
+response head past what the socket reads, and a hijack answered inside a chunked body (by
+Docker 20.10; from 23 the engine reads such a body to its end before it hijacks)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def test_a_volume_named_by_an_old_api_s_start_is_labelled(engine, proxied, inner
         host = json.dumps({"HostConfig": host} if inner else host).encode()
         start = post(b"/v1.23/containers/%s/start" % name, host)
         answers = exchange(path, create + start, 2)
-        assert [status for status, _ in answers] == ([201, 204] if served else [400, 400])
+        assert [status for status, _ in answers] == ([201, 204] if served else [400, 400]), answers
         answered[name] = [json.loads(body) if body else None for _, body in answers]
     made = volume_labels(engine)
     if served:
@@ -79,7 +80,10 @@ def test_a_volume_named_by_an_old_api_s_start_is_labelled(engine, proxied, inner
     else:
         assert answered[b"through"] == answered[b"direct"], answered
         assert "too old" in answered[b"direct"][0]["message"]
-        assert made == {}
+        # The socket makes a named volume before it passes a creation on; one the engine
+        # then refuses leaves it, labelled, to go with the run (docs/run.md).
+        assert "vol-direct" not in made
+        assert made.get("vol-through", {LABEL_OWNER: OWNER}) == {LABEL_OWNER: OWNER}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -161,7 +165,7 @@ def test_a_response_head_past_the_socket_s_limit_ends_the_connection(engine, pro
     assert len(got) > 1_200_000  # the Location whole
 
 
-# -- F10: a hijack answered while a chunked body is still coming -------------------------------
+# -- F10: a hijack answered while a chunked body is still coming (20.10) ----------------------
 
 
 def test_stdin_after_a_hijack_inside_a_chunked_exec_start_reaches_the_exec(engine, proxied) -> None:

@@ -132,7 +132,8 @@ def cli_mounts() -> list[str]:
     """`docker run` arguments that put a docker CLI at /bin/docker in a busybox container:
     the static one where the host has it, else Debian's (Debian 13 has no other), with the
     libraries it links mounted at their own paths."""
-    if os.path.isfile(STATIC_CLI):  # not a directory a `-v` of it left
+    # A file, not the directory a `-v` of a missing one left.
+    if os.path.isfile(STATIC_CLI) and os.access(STATIC_CLI, os.X_OK):
         return ["-v", f"{STATIC_CLI}:/bin/docker:ro"]
     linked = subprocess.run(["ldd", DEBIAN_CLI], capture_output=True, text=True, check=True)
     libraries = re.findall(r"(/\S+) \(0x", linked.stdout)

@@ -119,8 +119,10 @@ def test_a_killed_runner_container_leaves_nothing_and_another_runner_keeps_all(
     ).stdout
     assert f"  {owner_x} (pid {pid_x}, container runner-x)" in text.splitlines()
 
-    at = time.monotonic()
     engine.docker("kill", "runner-x")
+    # From the kill's answer: the CLI's own start, which is slow on a busy machine, is not
+    # the agent's time (the container is dead once the engine answers).
+    at = time.monotonic()
     took = _gone(engine, owner_x, at, "docker kill of a runner container: nothing left")
     assert owned(engine, owner_y) == y  # the other runner's, untouched
     assert took <= KILLED_GONE, f"{took:.2f} s from docker kill to nothing left"

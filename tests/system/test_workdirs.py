@@ -308,8 +308,11 @@ class Changes:
         self.gate.wait()
         self.seen.append(change)
 
-    def wait(self, want: Callable[[Change], bool], what: str) -> Change:
-        return wait_for(lambda: next((c for c in list(self.seen) if want(c)), None), what=what)
+    def wait(self, want: Callable[[Change], bool], what: str, timeout: float = 10.0) -> Change:
+        def seen() -> Change | None:
+            return next((c for c in list(self.seen) if want(c)), None)
+
+        return wait_for(seen, timeout=timeout, what=what)
 
 
 @pytest.fixture
@@ -674,10 +677,12 @@ def test_start_falls_back_to_rescanning_when_inotify_fails(
     snap = changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
     assert keys(snap) == {str(before)}
 
+    # A rescan's pause grows with its wall time (workdir_watch.RESCAN_SHARE), which a busy machine
+    # stretches: up to POLL_MAX, the most a new workdir may wait.
     new = marked(root / "a" / "new")
-    changes.wait(found(new), "the new workdir, by rescanning")
+    changes.wait(found(new), "the new workdir, by rescanning", workdir_watch.POLL_MAX + 10)
     shutil.rmtree(root / "a")
-    changes.wait(gone(new), "the removed workdir to go, by rescanning")
+    changes.wait(gone(new), "the removed workdir to go, by rescanning", workdir_watch.POLL_MAX + 10)
     fallbacks = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
     assert len(fallbacks) == 1 and why in fallbacks[0]
 

@@ -62,18 +62,23 @@ lint: venv
 # spreads its test files over pytest-xdist workers, each with a private engine of its own:
 # TEST_WORKERS for the Debian pass, one more for the venv's, which alone runs the runners,
 # the package and the bench's smoke. Each pass writes its own log under build/test/, shown
-# whole once both are done; the target fails if either does. TEST_WORKERS=0 runs each pass
-# in one process, as pytest alone does (tests/README.md, "Where the time goes").
+# whole once both are done; the target fails if either does. TEST_WORKERS (a number; 0 runs
+# each pass in one process, as pytest alone does): tests/README.md, "Where the time goes".
+# Each pass is started as a process group of its own (set -m: a background job of a shell
+# without job control ignores SIGINT), so that a ^C reaches its workers, whose fixtures then
+# clean up.
 TEST_LOGS := build/test
 TEST_WORKERS ?= 2
 TEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(1) --dist loadfile)
 test: deps lint
 	@mkdir -p $(TEST_LOGS)
 	@start=$$(date +%s); \
+	set -m; \
 	$(VPY) -m pytest -q $(call TEST_XDIST,$$(( $(TEST_WORKERS) + 1 ))) >$(TEST_LOGS)/venv.log 2>&1 & venv=$$!; \
 	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider $(call TEST_XDIST,$(TEST_WORKERS)) \
 		>$(TEST_LOGS)/debian.log 2>&1 & debian=$$!; \
-	trap 'kill $$venv $$debian 2>/dev/null; exit 130' INT TERM; \
+	set +m; \
+	trap 'kill -INT -- -$$venv -$$debian 2>/dev/null; wait; exit 130' INT TERM; \
 	wait $$venv; rv=$$?; wait $$debian; rd=$$?; \
 	for pass in venv debian; do \
 		echo "== $$pass pass ($(TEST_LOGS)/$$pass.log)"; cat $(TEST_LOGS)/$$pass.log; \

@@ -199,13 +199,17 @@ def _in_a_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
 
 
 def _signals(pid: int) -> str:
-    """What the kernel holds of `pid`'s state and signals: why a ^C brought no line."""
+    """What the kernel holds of `pid`'s and its children's state and signals (under the
+    wrapper, the handler is a child's): why a ^C brought no line."""
+    keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
     try:
         with open(f"/proc/{pid}/status") as f:
-            keep = ("State", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
-            return "; ".join(line.strip() for line in f if line.startswith(keep))
+            said = "; ".join(line.strip() for line in f if line.startswith(keep))
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
     except OSError as err:
-        return f"/proc/{pid}/status: {err.strerror}"
+        return f"/proc/{pid}: {err.strerror}"
+    return " | ".join([f"{pid}: {said}", *(_signals(int(child)) for child in children)])
 
 
 def test_ctrl_c_in_a_terminal_is_as_without_the_wrapper(bases) -> None:

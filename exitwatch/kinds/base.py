@@ -120,9 +120,14 @@ class ResourceKind(abc.ABC):
         """Remove what the dead `owner` had, `how` it died (default: as /proc says now).
 
         The agent judged the owner on its own thread a moment ago: nothing is removed on a
-        verdict that is not this one's, so every kind's removal starts with this check.
+        verdict that is not this one's, so every kind's removal starts with this check. A
+        check that cannot be made fails the attempt (one line, tried again), never raises.
         """
-        why = death(owner)
+        try:
+            why = death(owner)
+        except OSError as err:  # /proc unreadable now (EMFILE, ENOMEM): proves nothing
+            cannot = f"cannot tell whether its owner {owner} lives: {err.strerror or err}"
+            return [Outcome.failed(self.what(r), self.kind, cannot, key=r.key) for r in resources]
         if why is None:
             return [self.refused(r, f"its owner {owner} is alive") for r in resources]
         return self.remove(owner, resources, dry_run, how or why)

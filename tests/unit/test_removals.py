@@ -5,12 +5,14 @@ worker), and busy resources (looked at again without spending an attempt)."""
 
 from __future__ import annotations
 
+import errno
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from exitwatch import procfs
 from exitwatch.agent.record import Recorder
 from exitwatch.agent.removals import Removals, busy_delay, retry_delay
 from exitwatch.kinds.base import Outcome, Resource, ResourceKind, Snapshot
@@ -214,3 +216,20 @@ def test_a_job_whose_thread_cannot_be_started_stays_under_way_and_starts_later()
     finally:
         jobs.shutdown(wait=True)
         kind.executor.shutdown(wait=True)
+
+
+def test_an_owner_that_cannot_be_judged_now_fails_the_attempt_and_nothing_is_removed(
+    monkeypatch,
+):
+    """A full fd table (EMFILE) while the kind checks its owner once more before removing:
+    one failed outcome per resource, tried again later; never an exception, never a removal."""
+
+    def unreadable(pid: int):
+        raise OSError(errno.EMFILE, "Too many open files", f"/proc/{pid}/stat")
+
+    monkeypatch.setattr(procfs, "read_stat", unreadable)
+    kind = Things()
+    outcomes = kind.reap(DEAD, [thing("a"), thing("b")], dry_run=False)
+    assert kind.calls == []
+    assert [(o.ok, o.refused, o.key) for o in outcomes] == [(False, False, k) for k in "ab"]
+    assert outcomes[0].detail == f"cannot tell whether its owner {DEAD} lives: Too many open files"

@@ -62,7 +62,7 @@ def test_a_volume_named_at_the_top_of_a_create_is_labelled(engine, proxied, shap
 def test_a_volume_named_by_an_old_api_s_start_is_labelled(engine, proxied, inner) -> None:
     """The engine reads a start's body as it reads a create's: a HostConfig's fields, at
     the top or within a "HostConfig". Docker 25 and later serve no API below 1.24: there
-    the socket answers as the engine does, and nothing is made."""
+    the socket answers as the engine does, and the engine makes nothing."""
     served = _version(engine.client.version()["MinAPIVersion"]) <= (1, 23)
     answered = {}
     for path, name in [(str(engine.socket), b"direct"), (proxied, b"through")]:

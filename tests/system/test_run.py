@@ -242,16 +242,24 @@ def test_leftover_descendants_get_sigterm_then_sigkill(bases, tmp_path) -> None:
 
 
 # Ignores SIGTERM, says when it came (CLOCK_MONOTONIC is the host's, as the test's), and
-# stays; its parent, CMD, exits at once.
+# stays; its parent, CMD, exits once the leftover has said its pid (its handler set) and
+# the test has said go (it holds a pidfd of the leftover by then).
 STUBBORN = r"""
 import os, signal, sys, time
+ready = os.pipe()
 if os.fork():
+    os.read(ready[0], 1)
+    while not os.path.exists(sys.argv[3]):
+        time.sleep(0.01)
     sys.exit(0)
 os.setsid()
 def on(*_):
     with open(sys.argv[1], "a") as f:
         f.write(f"{time.monotonic()}\n")
 signal.signal(signal.SIGTERM, on)
+with open(sys.argv[2], "w") as f:
+    f.write(str(os.getpid()))
+os.write(ready[1], b"x")
 while True:
     signal.pause()
 """
@@ -259,13 +267,21 @@ while True:
 
 @pytest.mark.parametrize("grace", [0.5, 2.0])
 def test_grace_is_the_time_from_sigterm_to_sigkill(bases, tmp_path, grace) -> None:
-    termed = tmp_path / "termed"
-    done = run(
-        ["--grace", str(grace), "--", sys.executable, "-c", STUBBORN, str(termed)], env_for(bases)
-    )
-    ended = time.monotonic()  # the wrapper exits once the SIGKILLed leftover is reaped
-    assert done.returncode == 0, done.stderr
-    waited = ended - float(termed.read_text())
+    termed, said, go = tmp_path / "termed", tmp_path / "pid", tmp_path / "go"
+    cmd = [sys.executable, "-c", STUBBORN, str(termed), str(said), str(go)]
+    argv = [*RUN, "--grace", str(grace), "--", *cmd]
+    with subprocess.Popen(argv, env=env_for(bases), stderr=subprocess.PIPE, text=True) as wrapper:
+        # The leftover's end, seen through a pidfd: the wrapper's own cleanup afterwards,
+        # slow on a busy machine, is not the grace.
+        leftover = os.pidfd_open(int(wait_for(lambda: said.exists() and said.read_text())))
+        go.touch()
+        try:
+            assert select.select([leftover], [], [], 60)[0], "the leftover outlived 60 s"
+            killed = time.monotonic()
+        finally:
+            os.close(leftover)
+        assert wrapper.wait(timeout=60) == 0, wrapper.stderr.read()
+    waited = killed - float(termed.read_text())
     # Not before the grace (but for how late the handler may run after the SIGTERM); and
     # well before 5 s, the default, whatever the grace given.
     assert grace - 0.25 <= waited < grace + 2.5, waited

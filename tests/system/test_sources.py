@@ -143,11 +143,8 @@ def _delivered_after_overflow(source: NetlinkSource, hints) -> list[int]:
     for _ in range(10):
         lost = source.lost
         later = procs.spawn_owner(exit_code=5)
-        source.watch(later.owner)
-        procs.reap(later)
         with contextlib.suppress(AssertionError):
-            hint = wait_for(lambda pid=later.pid: hints.exits(pid), 10.0, f"pid {later.pid}'s exit")
-            return [h.status for h in hint]
+            return [h.status for h in exit_of(source, hints, later, procs.reap)]
         assert source.lost > lost, f"pid {later.pid}'s exit was lost and no loss was counted"
     raise AssertionError("10 later exits in a row lost to overflows")
 

@@ -64,9 +64,15 @@ def pair() -> Iterator[Pair]:
     yield pair
     for sender in pair.senders:
         sender.join(DEADLINE)
-    for s in (engine, upstream, client, downstream):
+    # The test's ends first: the thread sees the engine's end, or a client that is gone,
+    # and ends. Its own sockets only then, as the proxy closes them only once it has ended
+    # (proxy.py): closed under it, the next poll it registers would be given fd -1.
+    for s in (engine, client):
         s.close()
     thread.join(DEADLINE)
+    assert not thread.is_alive(), "the Responses thread did not end"
+    upstream.close()
+    downstream.close()
 
 
 def ok(body: bytes, *fields: bytes) -> bytes:

@@ -10,6 +10,7 @@ EXITWATCH_TEST_CACHE moves the cache (default /var/cache/exitwatch-test).
 from __future__ import annotations
 
 import fcntl
+import functools
 import glob
 import os
 import shutil
@@ -91,6 +92,9 @@ def docker_config() -> Path:
     return config
 
 
+# Once per process: its check is a run of compose v1 itself (0.4 s of CPU), and every
+# compose v1 test asks.
+@functools.cache
 def compose_v1() -> str:
     """The path of a compose v1 (1.29, the last): Debian's docker-compose where it is v1
     (bookworm), else PyPI's in a venv of Debian's python3 (trixie's docker-compose is v2).

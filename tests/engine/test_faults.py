@@ -6,7 +6,6 @@ mid-read are in unit/test_procfs_vanishing.py and system/test_procfs_races.py.""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -333,21 +332,13 @@ def test_more_directories_than_watches_means_bounded_rescans_and_status_says_why
     agents.append(agent)
     agent.wait_log("workdir discovery falls back to rescans: inotify watch limit reached")
 
-    def status() -> dict:
-        done = subprocess.run(
-            [*argv[:3], "status", "--json", "--status-socket", agent.flag("--status-socket")],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return json.loads(done.stdout)
-
     owner = spawn_owner()
     late = workdir(workroot, owner.pid, "late")
     wait_for(
-        lambda: any(o["pid"] == owner.pid for o in status()["owners"]), what="the rescan to find it"
+        lambda: any(o["pid"] == owner.pid for o in agent.status()["owners"]),
+        what="the rescan to find it",
     )
-    shown = status()["workdirs"]["discovery"]
+    shown = agent.status()["workdirs"]["discovery"]
     every, took = re.fullmatch(
         r"rescans every (\S+) s \(the last took (\S+) s\): inotify watch limit reached", shown
     ).groups()

@@ -4,12 +4,16 @@ answers on, the lean removal call without an engine, and the streamed JSON listi
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+import exitwatch
 from exitwatch.kinds.docker import unixhttp
 from exitwatch.kinds.docker.engine import EngineError, json_array
 from exitwatch.kinds.docker.kind import Containers
@@ -60,3 +64,26 @@ def test_json_array_refuses_what_is_not_a_whole_listing(chunks, why):
 def test_no_engine_is_an_os_error(tmp_path):
     with pytest.raises(OSError):
         unixhttp.remove_container(str(tmp_path / "none.sock"), "1.41", "x", 1.0)
+
+
+def test_the_sdk_is_imported_without_setuptools() -> None:
+    """Where setuptools' distutils shim is installed, docker-py 5's import of distutils
+    would load all of setuptools (kinds/docker/__init__.py); the shim is put back where
+    it was, for whatever else the process imports (the SDK's own imports add finders after
+    it)."""
+    probe = (
+        "import sys\n"
+        "def shims(): return [type(f).__module__ for f in sys.meta_path]\n"
+        "before = shims()\n"
+        "import exitwatch.kinds.docker.kind\n"
+        "kept = shims()[: len(before)] == before\n"
+        "print('setuptools' in sys.modules, 'docker' in sys.modules, kept)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"PYTHONPATH": str(Path(exitwatch.__file__).parents[1])},
+    )
+    assert done.stdout.split() == ["False", "True", "True"], done.stderr

@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -129,6 +130,11 @@ def _machine(engine: Engine) -> dict:
     }
 
 
+def _cpu_s() -> float:
+    own, waited = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + waited.ru_utime + waited.ru_stime
+
+
 def _fresh(path: str) -> str:
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
@@ -148,16 +154,24 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
         "machine": _machine(engine),
         "sizes": asdict(sizes),
         "sections": {},
+        "costs": {},
     }
     begun = time.monotonic()
-    sections = results["sections"]
+    sections, costs = results["sections"], results["costs"]
 
     def section(name: str, measure: Callable[[], dict | list]) -> None:
-        """One section; a failure is recorded in its place and the others still run."""
+        """One section; a failure is recorded in its place and the others still run. What
+        it cost goes to results["costs"]: its seconds, and the CPU seconds of this process
+        and of the children it waited for (agents, CLIs; not the engine's daemons)."""
+        began, cpu = time.monotonic(), _cpu_s()
         try:
             sections[name] = measure()
         except Exception as err:
             sections[name] = {"error": f"{type(err).__name__}: {err}"}
+        costs[name] = {
+            "wall_s": round(time.monotonic() - began, 1),
+            "cpu_s": round(_cpu_s() - cpu, 1),
+        }
         print(json.dumps({name: sections[name]}), file=sys.stderr, flush=True)
         if partial:
             Path(partial).write_text(json.dumps(results, indent=2) + "\n")

@@ -78,6 +78,8 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
 
     assert results["schema"] == 1 and results["smoke"] is True
     assert set(results["sections"]) == SECTIONS
+    assert set(results["costs"]) == SECTIONS
+    assert all(c["wall_s"] >= 0 and c["cpu_s"] >= 0 for c in results["costs"].values())
     failed = {k: v["error"] for k, v in results["sections"].items() if "error" in v}
     assert not failed
     assert results["machine"]["cpus"] == os.cpu_count()

@@ -62,8 +62,8 @@ def _serve(engine: Engine, where: str) -> tuple[subprocess.Popen, str]:
     return proc, f"unix://{path}"
 
 
-def _lists_per_s(host: str) -> float:
-    """Requests a second of LIST_CLIENTS clients at once, each listing LIST_REQUESTS times."""
+def _lists_per_s(host: str, requests: int) -> float:
+    """Requests a second of LIST_CLIENTS clients at once, each listing `requests` times."""
     apis = [docker.APIClient(base_url=host, timeout=120) for _ in range(LIST_CLIENTS)]
     try:
         for api in apis:
@@ -72,7 +72,7 @@ def _lists_per_s(host: str) -> float:
 
         def client(api: docker.APIClient) -> None:
             start.wait()
-            for _ in range(LIST_REQUESTS):
+            for _ in range(requests):
                 api.containers()
 
         with ThreadPoolExecutor(LIST_CLIENTS) as pool:
@@ -85,7 +85,7 @@ def _lists_per_s(host: str) -> float:
     finally:
         for api in apis:
             api.close()
-    return LIST_CLIENTS * LIST_REQUESTS / took
+    return LIST_CLIENTS * requests / took
 
 
 def _held_clients(path: str) -> list[str]:
@@ -135,7 +135,13 @@ def _cp_out(api: docker.APIClient, cid: str, size: int) -> float:
     return got / took / 1e6
 
 
-def run(engine: Engine, trials: int, stream_bytes: int, cp_bytes: int) -> dict:
+def run(
+    engine: Engine,
+    trials: int,
+    stream_bytes: int,
+    cp_bytes: int,
+    list_requests: int = LIST_REQUESTS,
+) -> dict:
     where = tempfile.mkdtemp(prefix="exitwatch-bench-adopt-", dir="/tmp")
     adopt, through_host = _serve(engine, where)
     peak = Peak(adopt.pid)
@@ -156,7 +162,7 @@ def run(engine: Engine, trials: int, stream_bytes: int, cp_bytes: int) -> dict:
         for n in range(LIST_ROUNDS):
             pair = [(d_list, engine.host), (a_list, through_host)]
             for rates, host in pair if n % 2 else reversed(pair):
-                rates.append(_lists_per_s(host))
+                rates.append(_lists_per_s(host, list_requests))
         failures = _held_clients(through_host.removeprefix("unix://"))
         serving = round(peak.peak / 2**20, 1)
         eid = direct_api.exec_create(cid, ["sh", "-c", f"head -c {cp_bytes} /dev/zero >/tmp/big"])
@@ -178,6 +184,7 @@ def run(engine: Engine, trials: int, stream_bytes: int, cp_bytes: int) -> dict:
         **figures,
         "list": {
             "clients": LIST_CLIENTS,
+            "requests": list_requests,
             "direct_per_s": round(statistics.median(d_list)),
             "adopt_per_s": round(statistics.median(a_list)),
             "ratio": round(statistics.median(a_list) / statistics.median(d_list), 3),

@@ -63,12 +63,18 @@ class Sizes:
     """create+start pairs through `exitwatch run`'s socket and directly."""
     wrapper_stream_mb: int = 256
     """Size of the stream read through the run's socket and directly, MiB."""
+    wrapper_clients: int = 64
+    """Clients at once through the run's socket, each creating, exec'ing in and removing."""
     adopt_trials: int = 100
     """create+start pairs through `exitwatch adopt`'s socket and directly."""
     adopt_stream_mb: int = 256
     """Size of the stream read through the adopt socket and directly, MiB."""
     adopt_cp_mb: int = 1024
     """Size of the `docker cp` out of a container through the adopt socket, MiB."""
+    adopt_list_requests: int = 50
+    """Listings per client and round, through the adopt socket and directly."""
+    scale_runs: int = 3
+    """Alternated runs of the agent and the baseline in each scale figure."""
 
 
 SMOKE = Sizes(
@@ -86,9 +92,12 @@ SMOKE = Sizes(
     reconcile_interval=1.0,
     wrapper_trials=3,
     wrapper_stream_mb=16,
+    wrapper_clients=8,
     adopt_trials=3,
     adopt_stream_mb=16,
     adopt_cp_mb=16,
+    adopt_list_requests=5,
+    scale_runs=1,
 )
 
 
@@ -224,13 +233,22 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
         if "wrapper" in only:
             section(
                 "wrapper",
-                lambda: wrapper.run(engine, sizes.wrapper_trials, sizes.wrapper_stream_mb << 20),
+                lambda: wrapper.run(
+                    engine,
+                    sizes.wrapper_trials,
+                    sizes.wrapper_stream_mb << 20,
+                    sizes.wrapper_clients,
+                ),
             )
         if "adopt" in only:
             section(
                 "adopt",
                 lambda: adopt.run(
-                    engine, sizes.adopt_trials, sizes.adopt_stream_mb << 20, sizes.adopt_cp_mb << 20
+                    engine,
+                    sizes.adopt_trials,
+                    sizes.adopt_stream_mb << 20,
+                    sizes.adopt_cp_mb << 20,
+                    sizes.adopt_list_requests,
                 ),
             )
     finally:
@@ -242,15 +260,16 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
 
 
 def _scale(engine: Engine, owners: list, sizes: Sizes, work: str, empty: str) -> dict:
-    out = {"reconcile": scale.reconcile(engine, owners, sizes.reconcile_containers, empty)}
+    runs = sizes.scale_runs
+    out = {"reconcile": scale.reconcile(engine, owners, sizes.reconcile_containers, empty, runs)}
     engine.clean()
-    out["startup_empty"] = scale.startup(engine, empty)
+    out["startup_empty"] = scale.startup(engine, empty, runs)
     n, concurrency = sizes.bulk_containers, sizes.bulk_concurrency
-    out["bulk"] = scale.bulk(engine, n, empty, concurrency=concurrency)
-    out["bulk_many"] = scale.bulk(engine, n, empty, sizes.bulk_owners, concurrency)
+    out["bulk"] = scale.bulk(engine, n, empty, concurrency=concurrency, runs=runs)
+    out["bulk_many"] = scale.bulk(engine, n, empty, sizes.bulk_owners, concurrency, runs)
     root = _fresh(os.path.join(work, "workdirs"))
     out["workdirs"] = scale.workdirs(
-        engine, owners[0], sizes.workdirs, root, sizes.reconcile_interval
+        engine, owners[0], sizes.workdirs, root, sizes.reconcile_interval, runs=runs
     )
     return out
 

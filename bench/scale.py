@@ -47,7 +47,9 @@ def _compare(ours: list[float], base: list[float]) -> dict:
     }
 
 
-def reconcile(engine: Engine, owners: list[Runner], total: int, empty_root: str) -> dict:
+def reconcile(
+    engine: Engine, owners: list[Runner], total: int, empty_root: str, runs: int = RUNS
+) -> dict:
     """Tops the engine up to `total` labelled containers of the live `owners`, then times
     the agent's start-up against `docker ps -a --filter label=exitwatch.owner`."""
     missing = total - engine.count()
@@ -58,37 +60,42 @@ def reconcile(engine: Engine, owners: list[Runner], total: int, empty_root: str)
         engine.remove(extra)
     ours, base, watching = [], [], 0
     ps = ["docker", "ps", "-a", "--filter", f"label={LABEL_OWNER}"]
-    for _ in range(RUNS):
+    for _ in range(runs):
         took, watching = _ready(engine, [empty_root])
         ours.append(took)
         base.append(_timed(ps, engine.env()))
     return {"containers": engine.count(), "watching": watching} | _compare(ours, base)
 
 
-def startup(engine: Engine, empty_root: str) -> dict:
+def startup(engine: Engine, empty_root: str, runs: int = RUNS) -> dict:
     """The agent's time to "ready:" with nothing to list: the fixed cost in the others."""
-    return {"ours_s": [round(_ready(engine, [empty_root])[0], 3) for _ in range(RUNS)]}
+    return {"ours_s": [round(_ready(engine, [empty_root])[0], 3) for _ in range(runs)]}
 
 
 def bulk(
-    engine: Engine, n: int, empty_root: str, owners: int = 1, concurrency: int | None = 16
+    engine: Engine,
+    n: int,
+    empty_root: str,
+    owners: int = 1,
+    concurrency: int | None = 16,
+    runs: int = RUNS,
 ) -> dict:
-    """RUNS alternated trials: one live owner with `n` containers, and `owners` more with
+    """`runs` alternated trials: one live owner with `n` containers, and `owners` more with
     `n` between them; the baseline removes the one's with `docker rm -f $(docker ps -aq
     --filter ...)`, the agent (with `engine_concurrency` = `concurrency`) reaps the others'
     when they all die at once. Both are timed to the last destroy event; the medians are
     compared (one trial each was at the mercy of whatever else the host did in those
     seconds). The agent's connections to the engine at once are sampled meanwhile."""
     ours, base, peaks = [], [], []
-    for _ in range(RUNS):
+    for _ in range(runs):
         ours_s, base_s, peak = _bulk_once(engine, n, empty_root, owners, concurrency)
         ours.append(ours_s)
         base.append(base_s)
         peaks.append(peak)
     ours_ok = [x for x in ours if x is not None]
     base_ok = [x for x in base if x is not None]
-    ours_s = stats.median(ours_ok) if len(ours_ok) == RUNS else None
-    base_s = stats.median(base_ok) if len(base_ok) == RUNS else None
+    ours_s = stats.median(ours_ok) if len(ours_ok) == runs else None
+    base_s = stats.median(base_ok) if len(base_ok) == runs else None
     out: dict = {"containers": n, "owners": owners, "engine_concurrency": concurrency}
     out |= {"ours_s": _r(ours_s), "baseline_s": _r(base_s), "peak_connections": max(peaks)}
     out["ours_runs_s"] = [_r(x) for x in ours]
@@ -193,7 +200,13 @@ def _periodic(agent: Agent) -> list[float]:
 
 
 def workdirs(
-    engine: Engine, owner: Runner, n: int, root: str, interval: float, depth: int = 3
+    engine: Engine,
+    owner: Runner,
+    n: int,
+    root: str,
+    interval: float,
+    depth: int = 3,
+    runs: int = RUNS,
 ) -> dict:
     """`n` marked dirs of one live owner, 1,000 per parent (ROOT/dI/wJ/MARKER); the
     agent's time to "ready:", and the time its periodic reconciles (every `interval` s;
@@ -212,7 +225,7 @@ def workdirs(
         os.close(fd)
     ours, periodic, base, watching = [], [], [], 0
     find = ["find", root, "-maxdepth", str(depth), "-name", MARKER]
-    for _ in range(RUNS):
+    for _ in range(runs):
         with Agent("auto", engine.host, [root], reconcile_interval=interval) as agent:
             ours.append(agent.wait_ready(DEADLINE))
             watching = agent.watching()

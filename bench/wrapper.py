@@ -198,7 +198,9 @@ def _client_work(host: str, n: int) -> str | None:
         api.close()
 
 
-def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
+def run(
+    engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES, clients: int = CLIENTS
+) -> dict:
     wrapper = subprocess.Popen(
         [sys.executable, "-m", "exitwatch", "run", "--", sys.executable, "-c", HOLD],
         env=engine.env(),
@@ -216,8 +218,8 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         figures, _ = paired(
             "run", (engine.host, direct_api), (proxied, proxy_api), trials, stream_bytes, made
         )
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            failures = [f for f in pool.map(_client_work, [proxied] * CLIENTS, range(CLIENTS)) if f]
+        with ThreadPoolExecutor(clients) as pool:
+            failures = [f for f in pool.map(_client_work, [proxied] * clients, range(clients)) if f]
         direct_api.close()
         proxy_api.close()
     finally:
@@ -228,7 +230,7 @@ def run(engine: Engine, trials: int, stream_bytes: int = STREAM_BYTES) -> dict:
         engine.remove(made)
     return {
         **figures,
-        "clients": CLIENTS,
+        "clients": clients,
         "client_failures": len(failures),
         "failures_shown": failures[:3],
         "wrapper_rss_mb": serving,

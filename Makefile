@@ -57,16 +57,17 @@ lint: venv
 	$(VENV)/bin/ruff check exitwatch tests bench packaging
 	$(VENV)/bin/ruff format --check exitwatch tests bench packaging
 
-# The whole suite twice, side by side: under the newest PyPI libraries (the venv), and
-# under Debian's python3 with bookworm's packages (what the .deb depends on). Each pass
-# spreads its test files over pytest-xdist workers, each with a private engine of its own:
-# TEST_WORKERS for the Debian pass, one more for the venv's, which alone runs the runners,
-# the package and the bench's smoke. Each pass writes its own log under build/test/, shown
-# whole once both are done; the target fails if either does. TEST_WORKERS (a number; 0 runs
-# each pass in one process, as pytest alone does): tests/README.md, "Where the time goes".
-# Each pass is started as a process group of its own (set -m: a background job of a shell
-# without job control ignores SIGINT), so that a ^C reaches its workers, whose fixtures then
-# clean up.
+# The suite twice, side by side: under the newest PyPI libraries (the venv), and under
+# Debian's python3 with bookworm's packages (what the .deb depends on). The files that drive
+# a library run in both; the few that run in one are tests/conftest.py's ONE_PASS (the
+# venv's: the package, the runners, the bench's smoke). Each pass spreads its test files
+# over pytest-xdist workers, each with a private engine of its own: TEST_WORKERS for the
+# Debian pass, one more for the venv's. Each pass writes its own log under build/test/,
+# shown whole once both are done; the target fails if either does. TEST_WORKERS (a number; 0
+# runs each pass in one process, as pytest alone does): tests/README.md, "Where the time
+# goes". Each pass is started as a process group of its own (set -m: a background job of a
+# shell without job control ignores SIGINT), so that a ^C reaches its workers, whose
+# fixtures then clean up.
 TEST_LOGS := build/test
 TEST_WORKERS ?= 2
 TEST_XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(1) --dist loadfile)
@@ -74,8 +75,10 @@ test: deps lint
 	@mkdir -p $(TEST_LOGS)
 	@start=$$(date +%s); \
 	set -m; \
-	$(VPY) -m pytest -q $(call TEST_XDIST,$$(( $(TEST_WORKERS) + 1 ))) >$(TEST_LOGS)/venv.log 2>&1 & venv=$$!; \
-	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider $(call TEST_XDIST,$(TEST_WORKERS)) \
+	$(VPY) -m pytest -q --pass venv $(call TEST_XDIST,$$(( $(TEST_WORKERS) + 1 ))) \
+		>$(TEST_LOGS)/venv.log 2>&1 & venv=$$!; \
+	PYTHONPATH=$(CURDIR) $(DEBIAN_PY) -m pytest -q -p no:cacheprovider --pass debian \
+		$(call TEST_XDIST,$(TEST_WORKERS)) \
 		>$(TEST_LOGS)/debian.log 2>&1 & debian=$$!; \
 	set +m; \
 	trap 'kill -INT -- -$$venv -$$debian 2>/dev/null; wait; exit 130' INT TERM; \

@@ -105,6 +105,51 @@ LONGEST_FIRST = (
 )
 
 
+# `make test` runs the suite twice, under the venv's libraries and under Debian's python3 with
+# bookworm's (`--pass venv`, `--pass debian`). Every file runs in both but these, which run
+# in one (tests/README.md, "Two passes"): the files that drive a library's surface run in
+# both, those whose subject is the product's own rules over calls the others make already,
+# once. Without --pass, pytest runs everything.
+ONE_PASS = {
+    # Once per suite by nature: the installed package runs on /usr/bin/python3 whichever
+    # interpreter runs pytest; the runners run in venvs of their own, the bench as
+    # `make bench` does, on the venv's python.
+    "venv": (
+        "test_deb.py",
+        "test_bpf_object.py",
+        "test_runners.py",
+        "test_runner_in_a_container.py",
+        "test_bench_smoke.py",
+    ),
+    # The product's rules, through calls the files of both passes make too: compose
+    # projects under a stepped clock, adopt's transparency (test_proxy.py proves the same
+    # proxy for the run's socket in both), attacks on workdirs, hooks and a run's
+    # directories, fuzzed labels and hook files.
+    "debian": (
+        "test_clock_steps.py",
+        "test_adopt_transparency.py",
+        "test_attacks.py",
+        "test_run_dirs_hijack.py",
+        "test_hooks.py",
+        "test_fuzz.py",
+        "test_hook_attacks.py",
+        "test_workdirs.py",
+        "test_hook_files.py",
+        "test_run_dirs.py",
+        "test_procfs_races.py",
+    ),
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--pass",
+        dest="suite_pass",
+        choices=sorted(ONE_PASS),
+        help="the pass of `make test` this is: leaves out the files of the other (ONE_PASS)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # xdist 3.5 and later hand out the files with the most tests first: 3.8 (the venv's) unless
     # told not to, as here; 3.5 to 3.7 always (Debian 13's 3.6.1); 3.1 (Debian 12's) never.
@@ -112,11 +157,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # `-m "not engine"` then skips every test that needs Docker.
     for item in items:
         if "engine" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.engine)
+    if this := config.getoption("suite_pass"):
+        others = {name for p, names in ONE_PASS.items() if p != this for name in names}
+        if gone := [item for item in items if item.path.name in others]:
+            config.hook.pytest_deselected(items=gone)
+            items[:] = [item for item in items if item.path.name not in others]
     if os.environ.get("PYTEST_XDIST_WORKER"):  # alone, pytest keeps testpaths' fast-first order
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files whole

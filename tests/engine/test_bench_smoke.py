@@ -16,12 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_SH = ROOT / "tests" / "support" / "engine.sh"
 
-# Once, from the venv: `make bench` runs the harness on the venv's python, and its agent
-# under the other interpreter would only repeat what the rest of that pass proves.
-pytestmark = [
-    pytest.mark.engine,
-    pytest.mark.skipif(sys.prefix == "/usr", reason="run by the suite's venv pass"),
-]
+pytestmark = pytest.mark.engine
 
 SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt"}
 DIST = {"n", "p50", "p95", "p99", "max", "mean"}

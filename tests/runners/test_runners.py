@@ -40,13 +40,8 @@ from support import runners, tools
 from support.agentproc import Agent, agent_argv
 from support.procs import wait_for
 
-# Marked, so that `-m "not runners"` leaves them out. Once, from the venv: the runners'
-# venvs and the engine are shared by both passes' needs, and the suite's other interpreter
-# would only repeat the same proof.
-pytestmark = [
-    pytest.mark.runners,
-    pytest.mark.skipif(sys.prefix == "/usr", reason="run by the suite's venv pass"),
-]
+# Marked, so that `-m "not runners"` leaves them out.
+pytestmark = pytest.mark.runners
 
 # For a correct wrapper and agent on a loaded 2-core machine, not a measure of speed: the
 # issue's targets (10 s without an agent, 2 s with one) are measured and printed.

@@ -4,9 +4,9 @@ behind. Its man page and conffile are checked against the code in
 unit/test_manpage_and_conffile.py.
 
 The `deb` tests install /usr/bin/exitwatch on this machine and purge it afterwards. They
-run once per suite: not on Debian's own interpreter (sys.prefix /usr), because the
-installed package runs on /usr/bin/python3 whichever interpreter runs pytest, and a second
-run would only rebuild and reinstall the same package. Deselect them with `-m "not deb"`.
+run in one pass of `make test` (conftest.ONE_PASS): the installed package runs on
+/usr/bin/python3 whichever interpreter runs pytest, and a second run would only rebuild and
+reinstall the same package. Deselect them with `-m "not deb"`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -31,6 +30,8 @@ from support.agentproc import quiet_config
 from support.packaging import DEBIAN_ENV, PAGES, man
 from support.procs import kill, run, spawn_owner, wait_for
 
+pytestmark = pytest.mark.deb  # the package's CI path
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
 PACKAGES = ("exitwatch", "exitwatch-bpf")
@@ -41,12 +42,6 @@ UNITS = tuple(f"{d}/exitwatch.service" for d in SYSTEMD)
 UNIT = UNITS[1]
 ADOPT_UNITS = tuple(f"{SYSTEMD[1]}/exitwatch-adopt.{ext}" for ext in ("socket", "service"))
 # Keys the operations issue adds to Config; documented in the conffile already.
-
-
-def deb(test):
-    """Mark a test as one of the package's CI path, run once per suite (see the docstring)."""
-    once = pytest.mark.skipif(sys.prefix == "/usr", reason="run by the suite's other interpreter")
-    return pytest.mark.deb(once(test))
 
 
 # -- the package, built, installed and purged ------------------------------------------------
@@ -95,7 +90,6 @@ def installed(debs: list[Path]) -> Iterator[dict[str, list[str]]]:
         _purge()
 
 
-@deb
 def test_lintian_reports_no_errors_and_every_remaining_tag_is_explained(debs) -> None:
     changes = sorted((ROOT / "dist").glob(f"exitwatch_{_version()}_*.changes"))
     done = run(
@@ -110,7 +104,6 @@ def test_lintian_reports_no_errors_and_every_remaining_tag_is_explained(debs) ->
     assert not [t for _, t in tags if t not in explained], done.stdout
 
 
-@deb
 def test_the_built_package_holds_the_three_man_pages_and_each_renders(debs, tmp_path) -> None:
     main = next(d for d in debs if d.name.startswith("exitwatch_"))
     run(["dpkg-deb", "-x", str(main), str(tmp_path)])
@@ -121,7 +114,6 @@ def test_the_built_package_holds_the_three_man_pages_and_each_renders(debs, tmp_
         assert re.search(rf"^ +{re.escape(name.rsplit('.', 1)[0])} +- ", man(page), re.M)
 
 
-@deb
 def test_installed_exitwatch_runs_on_debians_python(installed) -> None:
     done = run(["/usr/bin/exitwatch", "--version"], env=DEBIAN_ENV, cwd=Path("/"))
     assert done.stdout.strip() == f"exitwatch, version {_version()}"
@@ -138,7 +130,6 @@ def test_installed_exitwatch_runs_on_debians_python(installed) -> None:
     assert bpf in installed["exitwatch-bpf"]
 
 
-@deb
 def test_installed_files_unit_conffile_and_man_page(installed) -> None:
     paths = installed["exitwatch"]
     for path in (
@@ -182,7 +173,6 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
         assert f"**{score[1]}**" in section, f"packaging/security.md: {name} scores {score[1]}"
 
 
-@deb
 def test_the_postinst_makes_the_spool_where_there_is_no_systemd_tmpfiles(installed) -> None:
     """A minimal or container install has no systemd-tmpfiles to apply the package's
     tmpfiles.d entry, so the postinst makes the hook spool itself: root's, mode 1733."""
@@ -208,7 +198,6 @@ def _capabilities(unit: str) -> str:
     return ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in caps)])
 
 
-@deb
 def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) -> None:
     """The installed CLI labels and marks; the installed agent, on Debian's python3 and held
     to the unit's capability bounding set, removes both once the owner is SIGKILLed."""
@@ -281,7 +270,6 @@ def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) ->
         subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=False)
 
 
-@deb
 def test_purge_leaves_nothing_behind(installed) -> None:
     # What the agent and an admin leave beside the packaged files goes too.
     Path("/var/lib/exitwatch/audit.jsonl").write_text("{}\n")

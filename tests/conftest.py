@@ -89,54 +89,61 @@ def _engine_clean(request: pytest.FixtureRequest) -> Iterator[None]:
         used.clean()
 
 
-# The files that take the longest (35 s to 2 min on an idle 2-core machine; tests/README.md,
-# "Where the time goes"). `make test`'s workers take whole files in collection order, so
-# these go first: taken last, one of them would leave a worker running on alone.
+# The files that take the longest (45 s to 6 min each in `make test`, its two passes side by
+# side; tests/README.md, "Where the time goes"). `make test`'s workers take whole files in
+# collection order, so these go first: taken last, one of them would leave a worker running
+# on alone.
 LONGEST_FIRST = (
     "test_runners.py",
+    "test_clock_steps.py",
+    "test_docker.py",
     "test_bench_smoke.py",
+    "test_adopt_transparency.py",
+    "test_deb.py",
     "test_proxy.py",
     "test_faults.py",
-    "test_clock_steps.py",
-    "test_adopt_transparency.py",
-    "test_docker.py",
-    "test_deb.py",
+    "test_agent.py",
     "test_operations.py",
+    "test_hook_attacks.py",
+    "test_workdirs.py",
 )
 
 
 # `make test` runs the suite twice, under the venv's libraries and under Debian's python3 with
-# bookworm's (`--pass venv`, `--pass debian`). Every file runs in both but these, which run
-# in one (tests/README.md, "Two passes"): the files that drive a library's surface run in
-# both, those whose subject is the product's own rules over calls the others make already,
-# once. Without --pass, pytest runs everything.
+# bookworm's (`--pass venv`, `--pass debian`). The files that drive a library's surface run
+# in both; those below run in one (tests/README.md, "Two passes"). Without --pass, pytest
+# runs everything.
 ONE_PASS = {
-    # Once per suite by nature: the installed package runs on /usr/bin/python3 whichever
-    # interpreter runs pytest; the runners run in venvs of their own, the bench as
-    # `make bench` does, on the venv's python.
     "venv": (
+        # Once per suite by nature: the installed package runs on /usr/bin/python3 whichever
+        # interpreter runs pytest; the runners run in venvs of their own; the bench runs on
+        # the venv's python, as `make bench` does.
         "test_deb.py",
         "test_bpf_object.py",
         "test_runners.py",
         "test_runner_in_a_container.py",
         "test_bench_smoke.py",
+        # The product's own rules, as below; here, where it evens out the two passes' time.
+        "test_hook_attacks.py",
     ),
-    # The product's rules, through calls the files of both passes make too: compose
-    # projects under a stepped clock, adopt's transparency (test_proxy.py proves the same
-    # proxy for the run's socket in both), attacks on workdirs, hooks and a run's
-    # directories, fuzzed labels and hook files.
     "debian": (
+        # The product's own rules, reached through calls that the files of both passes
+        # make too: compose projects under a stepped clock, adopt's transparency
+        # (test_proxy.py proves the same proxy, for the run's socket, in both), the attacks
+        # on workdirs, hooks and a run's directories, the fuzzed labels and hook files, the
+        # operations and the status command (test_cli_errors.py has click's side in both).
         "test_clock_steps.py",
         "test_adopt_transparency.py",
         "test_attacks.py",
         "test_run_dirs_hijack.py",
         "test_hooks.py",
         "test_fuzz.py",
-        "test_hook_attacks.py",
         "test_workdirs.py",
         "test_hook_files.py",
         "test_run_dirs.py",
         "test_procfs_races.py",
+        "test_operations.py",
+        "test_status.py",
     ),
 }
 

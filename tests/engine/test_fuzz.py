@@ -29,10 +29,17 @@ from exitwatch.owner import Owner, OwnerError, current_boot_id
 from support.agentproc import Agent, container, exists, running, wait_gone
 from support.procs import kill, spawn_owner
 
+# data_too_large: a label of 200 characters from all of Unicode overruns the buffer of
+# bookworm's hypothesis (6.67) often enough that it gave up once (20 of 28 examples); those
+# are drawn again, and the labels are meant to be long.
 EXAMPLES = settings(
     max_examples=25,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
 )
 # Docker keeps labels as Go strings in JSON: no NUL, no lone surrogates.
 _CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")

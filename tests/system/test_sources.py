@@ -1,10 +1,11 @@
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
@@ -17,6 +18,8 @@ from exitwatch.sources.poll import PollSource
 
 from support import procs
 from support.procs import wait_for
+
+T = TypeVar("T")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # As in test_ebpf.py: a missing object is a broken build, not a host without eBPF.
@@ -135,18 +138,18 @@ def test_netlink_main_thread_exits_first(netlink_source, hints):
         procs.reap(child)
 
 
-def _delivered_after_overflow(source: NetlinkSource, hints) -> list[int]:
-    """The statuses of the first later owner whose exit the source delivers. The buffer is
-    the kernel's smallest and the connector sends every exit on the host, so beside other
-    tests it may overflow again and lose this one too: then another is made, but only if
-    the source counted that loss. An exit gone with no loss counted is a failure."""
+def _despite_overflow(source: NetlinkSource, one: Callable[[], T]) -> T:
+    """What one() returns: it makes an owner, ends it and waits for what its exit gives.
+    The buffer is the kernel's smallest and the connector sends every exit on the host, so
+    beside other tests it may overflow and lose that exit: then one() runs again, but only
+    if the source counted that loss. An exit gone with no loss counted is a failure."""
     for _ in range(10):
         lost = source.lost
-        later = procs.spawn_owner(exit_code=5)
-        with contextlib.suppress(AssertionError):
-            return [h.status for h in exit_of(source, hints, later, procs.reap)]
-        assert source.lost > lost, f"pid {later.pid}'s exit was lost and no loss was counted"
-    raise AssertionError("10 later exits in a row lost to overflows")
+        try:
+            return one()
+        except AssertionError as err:
+            assert source.lost > lost, f"{err}, and no loss was counted"
+    raise AssertionError("10 exits in a row lost to overflows")
 
 
 def test_netlink_enobufs_counts_emits_lost_and_keeps_delivering(hints):
@@ -161,28 +164,27 @@ def test_netlink_enobufs_counts_emits_lost_and_keeps_delivering(hints):
             stalled.set()
             resume.wait()
 
+    def stall() -> None:
+        nonlocal first
+        first = procs.spawn_owner()
+        source.watch(first.owner)
+        procs.kill(first)
+        wait_for(stalled.is_set, what=f"the reader to stall in emit on pid {first.pid}")
+
+    def later() -> list[int]:
+        owner = procs.spawn_owner(exit_code=5)
+        return [h.status for h in exit_of(source, hints, owner, procs.reap)]
+
     source = NetlinkSource(rcvbuf=1)  # the kernel raises it to its minimum
     source.start(slow_consumer)
     try:
-        # The first exit may be lost to an overflow too, beside other tests (as in
-        # _delivered_after_overflow): then another is made, if the source counted the loss.
-        for _ in range(10):
-            lost = source.lost
-            first = procs.spawn_owner()
-            source.watch(first.owner)
-            procs.kill(first)
-            with contextlib.suppress(AssertionError):
-                wait_for(stalled.is_set, what="the reader to stall in emit")
-                break
-            assert source.lost > lost, f"pid {first.pid}'s exit was lost and no loss was counted"
-        else:
-            raise AssertionError("10 first exits in a row lost to overflows")
+        _despite_overflow(source, stall)
         lost = source.lost
         procs.fork_storm(200)
         resume.set()
         wait_for(lambda: source.lost > lost, what="an ENOBUFS count")
         assert hints.lost()[0].reason == "netlink receive buffer overflowed (ENOBUFS)"
-        assert _delivered_after_overflow(source, hints) == [0x500]
+        assert _despite_overflow(source, later) == [0x500]
     finally:
         resume.set()
         source.stop()

@@ -14,7 +14,7 @@ def _import_sdk() -> None:
     docker-py before 6 (bookworm's 5.0.3) imports distutils.spawn for one function. The
     shim (setuptools' distutils-precedence.pth puts it first on sys.meta_path) answers
     that import with setuptools' own distutils, which imports all of setuptools and
-    pkg_resources first: 0.4 s of CPU at each start of the agent, `exitwatch reap` and
+    pkg_resources first: 0.3 s of CPU more at each start of the agent, `exitwatch reap` and
     `run`'s cleanup, as much as the SDK itself. The standard library's distutils, which
     python3-docker depends on, does the same job. Where there is none (Python 3.12 on),
     the shim's it is."""

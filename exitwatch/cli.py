@@ -255,8 +255,8 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
     doc = query(config.status_socket)
     code = 0
     if doc is None:
-        # Only the scan needs the kinds (and the docker SDK, requests...): an agent's
-        # answer is shown without them, in a fraction of the time.
+        # Only the scan needs the kinds (and the libraries under them): an agent's answer
+        # is shown without them, in a fraction of the time.
         from exitwatch.service.status import build
 
         # Errors only: a warning for each bad marker would bury the status, which counts

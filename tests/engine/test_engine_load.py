@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.kinds.docker import unixhttp
+from exitwatch.kinds.docker import engine as engine_client
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner
 from exitwatch.service.config import Config
@@ -19,20 +19,22 @@ from support.procs import killed_owner
 
 
 class InFlight:
-    """Counts the DELETEs under way at once; each still goes to the real engine."""
+    """Counts the container DELETEs under way at once; each still goes to the real engine."""
 
     def __init__(self, real) -> None:
         self._real = real
         self._lock = threading.Lock()
         self.now = self.most = self.calls = 0
 
-    def __call__(self, *args, **kwargs) -> None:
+    def __call__(self, path: str, method: str, url: str, timeout: float) -> bytes:
+        if method != "DELETE" or "/containers/" not in url:
+            return self._real(path, method, url, timeout)
         with self._lock:
             self.now += 1
             self.calls += 1
             self.most = max(self.most, self.now)
         try:
-            self._real(*args, **kwargs)
+            return self._real(path, method, url, timeout)
         finally:
             with self._lock:
                 self.now -= 1
@@ -53,8 +55,8 @@ def test_removals_of_many_dead_owners_at_once_stay_within_engine_concurrency(
 ) -> None:
     # Each job used to start 16 threads of its own: three owners reaped side by side sent
     # up to 48 DELETEs at once, whatever the setting.
-    spy = InFlight(unixhttp.remove_container)
-    monkeypatch.setattr(unixhttp, "remove_container", spy)
+    spy = InFlight(engine_client.request)
+    monkeypatch.setattr(engine_client, "request", spy)
     # As the agent and `exitwatch reap` make it, from the setting.
     kind = make_kinds(Config(docker_host=engine.host, engine_concurrency=4))["container"]
     assert isinstance(kind, Containers)

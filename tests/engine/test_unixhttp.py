@@ -1,44 +1,119 @@
-"""The lean DELETE /containers/ID against the real private engine: what it removes, and the
-docker-py errors it raises, so that a removal's "already gone" and its retries are as before."""
+"""The engine client (kinds/docker/engine.py over unixhttp.py) against the real private
+engine: each call the kind makes, its filters, its errors as a removal reads them, and the
+events stream, compared with what the docker SDK says of the same engine."""
 
 from __future__ import annotations
 
-import pytest
-from docker.errors import APIError, NotFound
+import contextlib
+import threading
+import time
+import uuid
 
+import pytest
+
+from exitwatch.contract import LABEL_OWNER
 from exitwatch.kinds.docker import unixhttp
+from exitwatch.kinds.docker.engine import Engine, attempt
 
 from support.agentproc import container, exists
+from support.procs import wait_for
 
 
-def _socket(engine) -> str:
-    return engine.host.removeprefix("unix://")
+@pytest.fixture
+def api(engine) -> Engine:
+    return Engine(str(engine.socket), 15.0)
 
 
-def test_removes_a_running_container(engine):
+def test_removes_a_running_container(engine, api):
     cid = container(engine, labels={})
-    unixhttp.remove_container(_socket(engine), engine.client.api.api_version, cid, 15.0)
+    api.remove_container(cid)
     assert not exists(engine, cid)
+    assert attempt(lambda: api.remove_container(cid)) == (True, "already gone")
 
 
 @pytest.mark.parametrize("cid", ["0" * 64, "a b?c"])
-def test_a_missing_container_is_docker_pys_not_found(engine, cid):
-    with pytest.raises(NotFound) as caught:
-        unixhttp.remove_container(_socket(engine), engine.client.api.api_version, cid, 15.0)
-    assert caught.value.status_code == 404
-    assert "No such container" in str(caught.value)
+def test_a_missing_container_is_not_found(api, cid):
+    with pytest.raises(unixhttp.NotFound) as caught:
+        api.remove_container(cid)
+    assert caught.value.status == 404
+    assert "No such container" in caught.value.message
 
 
-def test_an_engine_refusal_is_docker_pys_api_error(engine):
+def test_an_engine_refusal_is_a_client_error_not_a_not_found(engine):
     # An API version the engine does not speak: a 400 with its message.
-    with pytest.raises(APIError) as caught:
-        unixhttp.remove_container(_socket(engine), "0.1", "x", 15.0)
-    assert caught.value.is_client_error() and not isinstance(caught.value, NotFound)
-    assert str(caught.value.status_code) in str(caught.value)
+    with pytest.raises(unixhttp.EngineRefused) as caught:
+        unixhttp.request(str(engine.socket), "DELETE", "/v0.1/containers/x", 15.0)
+    assert caught.value.is_client_error() and not isinstance(caught.value, unixhttp.NotFound)
+    assert caught.value.message
 
 
-def test_anything_but_success_is_an_error_even_a_redirect(engine):
+def test_anything_but_success_is_an_error_even_a_redirect(api):
     # The engine's router answers a path that is not clean with a redirect: nothing removed.
-    with pytest.raises(APIError) as caught:
-        unixhttp.remove_container(_socket(engine), engine.client.api.api_version, "../x", 15.0)
-    assert not isinstance(caught.value, NotFound)
+    with pytest.raises(unixhttp.EngineRefused) as caught:
+        api.remove_container("../x")
+    assert not isinstance(caught.value, unixhttp.NotFound)
+
+
+def test_the_api_version_is_the_engines_own(engine, api):
+    cid = container(engine, labels={})
+    assert api.inspect(cid) == engine.client.api.inspect_container(cid)
+    asked = engine.client.api.version(api_version=False)["ApiVersion"]
+    assert api._url("/x") == f"/v{asked}/x"
+
+
+def test_each_listing_filters_as_the_sdk_does(engine, api):
+    mark = f"exitwatch-test-{uuid.uuid4().hex[:8]}"
+    label = f"{LABEL_OWNER}={mark}"
+    sdk = engine.client.api
+    net = sdk.create_network(f"{mark}-net", labels={LABEL_OWNER: mark})["Id"]
+    other = sdk.create_network(f"{mark}-other")["Id"]
+    vol = sdk.create_volume(f"{mark}-vol", labels={LABEL_OWNER: mark})["Name"]
+    sdk.create_volume(f"{mark}-other")
+    on_net = sdk.create_container(
+        engine.image,
+        "sleep infinity",
+        labels={LABEL_OWNER: mark},
+        host_config=sdk.create_host_config(network_mode=f"{mark}-net", binds=[f"{vol}:/v"]),
+    )["Id"]
+    sdk.start(on_net)
+    container(engine, labels={})
+    assert [c["Id"] for c in api.containers(label)] == [on_net]
+    assert api.containers(label) == sdk.containers(all=True, filters={"label": label})
+    assert [n["Id"] for n in api.networks(label)] == [net]
+    assert [v["Name"] for v in api.volumes(label)] == [vol]
+    for kind, ident in (("network", net), ("volume", vol)):
+        users = api.users(kind, ident)
+        assert [c["Id"] for c in users] == [on_net]
+        assert users == sdk.containers(all=True, filters={kind: ident})
+    assert api.users("network", other) == []
+    assert api.volumes(f"{LABEL_OWNER}=nobody-{mark}") == []
+    api.remove_container(on_net)
+    api.remove_network(net)
+    api.remove_volume(vol)
+    assert api.networks(label) == api.volumes(label) == []
+
+
+def test_the_events_stream_follows_and_ends_when_closed(engine, api):
+    since = f"{time.time():.9f}"
+    events = api.events(since)
+    seen: list[dict] = []
+    ended = threading.Event()
+
+    def follow() -> None:
+        with contextlib.suppress(OSError):  # closed under the reader mid-chunk
+            seen.extend(events)
+        ended.set()
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    try:
+        # Only labelled containers' creates and destroys come.
+        container(engine, labels={})
+        cid = container(engine, labels={LABEL_OWNER: "x"})
+        engine.client.api.remove_container(cid, force=True)
+        wait_for(lambda: [e["Action"] for e in seen] == ["create", "destroy"], what="2 events")
+        assert {e["Actor"]["ID"] for e in seen} == {cid}
+    finally:
+        events.close()
+        assert ended.wait(5), "closing the stream did not end its reader"
+        reader.join(5)

@@ -5,28 +5,28 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import http.client
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-import docker
-from docker.errors import APIError, DockerException, NotFound
-from requests import RequestException
-from urllib3.exceptions import HTTPError
+from urllib.parse import quote, urlencode
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.kinds.docker import unixhttp
+from exitwatch.kinds.docker.unixhttp import EngineRefused, NotFound, Stream, request
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 # Read size for the container listing: some twenty containers' worth at a time, so its
 # decoding never holds much more than one chunk and the item being built.
 LISTING_CHUNK = 64 * 1024
-# What the engine, or the connection to it, can raise (ValueError: a garbled JSON stream).
-ENGINE_ERRORS = (DockerException, RequestException, HTTPError, OSError, ValueError)
+# What the engine, or the connection to it, can raise (ValueError: an answer that is not
+# the JSON it should be).
+ENGINE_ERRORS = (EngineRefused, http.client.HTTPException, OSError, ValueError)
 ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
 RETRY_PAUSE = 0.2
+_API_VERSION = re.compile(r"[0-9]+\.[0-9]+")
 
 
 class EngineError(Exception):
@@ -34,9 +34,9 @@ class EngineError(Exception):
 
 
 def engine_error(err: BaseException) -> str:
-    """One line saying what went wrong, from under the layers requests and urllib3 wrap."""
-    if isinstance(err, APIError):
-        return f"{err.explanation or err} (HTTP {err.status_code})"
+    """One line saying what went wrong, from under whatever layers wrap it."""
+    if isinstance(err, EngineRefused):
+        return f"{err.message or err} (HTTP {err.status})"
     todo: list[BaseException] = [err]
     while todo:
         cur = todo.pop(0)
@@ -61,7 +61,7 @@ def attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[
         except ENGINE_ERRORS as err:
             problem = engine_error(err)
             # A refusal stays a refusal; 409 is mostly "removal already in progress".
-            if isinstance(err, APIError) and err.is_client_error() and err.status_code not in again:
+            if isinstance(err, EngineRefused) and err.is_client_error() and err.status not in again:
                 break
         if n + 1 < ATTEMPTS:
             time.sleep(RETRY_PAUSE * 2**n)
@@ -73,35 +73,54 @@ def name_of(listed: dict[str, Any]) -> str:
     return (listed.get("Names") or [""])[0].lstrip("/")
 
 
-class Engine:
-    """Exactly the Docker calls exitwatch makes, on one client (Ryuk's narrow interface).
+def _filters(**values: str | list[str]) -> str:
+    """The engine's `filters` parameter: each key's values as a list."""
+    return json.dumps({k: [v] if isinstance(v, str) else v for k, v in values.items()})
 
-    The client is made on first use: making it asks the engine for its API version, which
-    fails while no engine answers, and the next call should simply try again. With
+
+class Engine:
+    """Exactly the Docker calls exitwatch makes, on the engine's unix socket `path` (Ryuk's
+    narrow interface; unixhttp.py speaks them). None: an engine URL that is not a unix
+    socket, which every call refuses.
+
+    The API version is the engine's own, asked for on first use (as the docker CLI does):
+    no version is asked while no engine answers, and the next call simply tries again. With
     `concurrency`, at most that many of its calls (but ping and the events stream) are
     sent at once, from however many threads: the rest wait their turn.
     """
 
-    def __init__(
-        self, client_args: dict[str, Any], timeout: float, pool: int, concurrency: int = 0
-    ) -> None:
-        self._args, self._timeout, self._pool = client_args, timeout, pool
-        self._api: docker.APIClient | None = None
+    def __init__(self, path: str | None, timeout: float, concurrency: int = 0) -> None:
+        self._path, self._timeout = path, timeout
+        self._version: str | None = None
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
-        base = client_args.get("base_url") or DEFAULT_HOST
-        # Removals go straight to a local engine's socket (unixhttp.py says why).
-        self._socket = (
-            "/" + base[len("unix://") :].lstrip("/") if base.startswith("unix://") else None
-        )
 
-    def _client(self) -> docker.APIClient:
+    def _socket(self) -> str:
+        if self._path is None:
+            raise ValueError("not a unix:// socket: only a local engine is spoken to")
+        return self._path
+
+    def _url(self, route: str, **params: Any) -> str:
         with self._lock:
-            if self._api is None:
-                self._api = docker.APIClient(
-                    version="auto", timeout=self._timeout, max_pool_size=self._pool, **self._args
-                )
-            return self._api
+            version = self._version
+        if version is None:
+            answer = json.loads(request(self._socket(), "GET", "/version", self._timeout))
+            version = answer.get("ApiVersion") if isinstance(answer, dict) else None
+            if not isinstance(version, str) or not _API_VERSION.fullmatch(version):
+                raise ValueError(f"the engine's /version gave no API version: {version!r}")
+            with self._lock:
+                self._version = version
+        query = f"?{urlencode(params)}" if params else ""
+        return f"/v{version}{route}{query}"
+
+    def _get(self, route: str, **params: Any) -> Any:
+        with self._slot():
+            url = self._url(route, **params)
+            return json.loads(request(self._socket(), "GET", url, self._timeout))
+
+    def _delete(self, route: str, **params: Any) -> None:
+        with self._slot():
+            request(self._socket(), "DELETE", self._url(route, **params), self._timeout)
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:
@@ -112,7 +131,7 @@ class Engine:
             yield
 
     def ping(self) -> None:
-        self._client().ping()
+        request(self._socket(), "GET", "/_ping", self._timeout)
 
     def containers(self, label: str) -> list[dict[str, Any]]:
         return list(self.each_container(label))
@@ -122,60 +141,63 @@ class Engine:
         host with thousands would otherwise hold the whole listing at once, as text and as
         objects, and the process would keep that high-water mark for good."""
         with self._slot():
-            api = self._client()
-            params = {"all": 1, "filters": json.dumps({"label": [label]})}
-            response = api._get(api._url("/containers/json"), params=params, stream=True)
+            url = self._url("/containers/json", all=1, filters=_filters(label=label))
+            stream = Stream(self._socket(), url, self._timeout)
             try:
-                api._raise_for_status(response)
-                yield from json_array(response.iter_content(LISTING_CHUNK))
+                yield from json_array(stream.chunks(LISTING_CHUNK))
             finally:
-                response.close()
+                stream.close()
 
-    def events(self, since: str) -> Any:
-        """Create and destroy events of labelled containers, as a closable iterator."""
-        filters = {"type": "container", "label": LABEL_OWNER, "event": ["create", "destroy"]}
-        return self._client().events(since=since, filters=filters, decode=True)
+    def events(self, since: str) -> Events:
+        """Create and destroy events of labelled containers, from `since` on."""
+        filters = _filters(type="container", label=LABEL_OWNER, event=["create", "destroy"])
+        url = self._url("/events", since=since, filters=filters)
+        return Events(Stream(self._socket(), url, self._timeout, endless=True))
 
     def inspect(self, cid: str) -> dict[str, Any]:
         """What the engine says of one container (`Created`: RFC 3339, to the ns; `State`)."""
-        with self._slot():
-            return self._client().inspect_container(cid)
+        return self._get(f"/containers/{quote(cid, safe='')}/json")
 
     def remove_container(self, cid: str) -> None:
-        with self._slot():
-            api = self._client()
-            if self._socket is None:
-                api.remove_container(cid, force=True, v=True)
-            else:
-                unixhttp.remove_container(self._socket, api.api_version, cid, self._timeout)
+        """Remove it, running or not, with its anonymous volumes."""
+        self._delete(f"/containers/{quote(cid, safe='')}", force=1, v=1)
 
     def networks(self, label: str) -> list[dict[str, Any]]:
-        with self._slot():
-            return self._client().networks(filters={"label": label})
+        return self._get("/networks", filters=_filters(label=label))
 
     def users(self, kind: str, ident: str) -> list[dict[str, Any]]:
         """Every container, of any owner or none, running or not, that uses network or
         volume `ident` (`kind` is "network" or "volume")."""
-        with self._slot():
-            return self._client().containers(all=True, filters={kind: ident})
+        return self._get("/containers/json", all=1, filters=_filters(**{kind: ident}))
 
     def remove_network(self, nid: str) -> None:
-        with self._slot():
-            self._client().remove_network(nid)
+        self._delete(f"/networks/{quote(nid, safe='')}")
 
     def volumes(self, label: str) -> list[dict[str, Any]]:
-        with self._slot():
-            return self._client().volumes(filters={"label": label}).get("Volumes") or []
+        return self._get("/volumes", filters=_filters(label=label)).get("Volumes") or []
 
     def remove_volume(self, name: str) -> None:
-        with self._slot():
-            self._client().remove_volume(name)
+        self._delete(f"/volumes/{quote(name, safe='')}")
 
     def close(self) -> None:
+        """Forget the API version: the next call asks the engine that answers then."""
         with self._lock:
-            if self._api is not None:
-                self._api.close()
-                self._api = None
+            self._version = None
+
+
+class Events:
+    """The events stream, each event a decoded object; close() may come from another thread,
+    and ends the iteration."""
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+        self._objects = stream.objects()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._objects
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 def json_array(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:

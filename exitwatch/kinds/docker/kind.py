@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import docker
-import docker.utils
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, LABEL_OWNER_NAME, kept
 from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
@@ -22,10 +20,12 @@ from exitwatch.kinds.docker.engine import (
     ENGINE_ERRORS,
     Engine,
     EngineError,
+    Events,
     attempt,
     engine_error,
     name_of,
 )
+from exitwatch.kinds.docker.unixhttp import socket_path
 from exitwatch.owner import Owner, OwnerError, death
 
 log = logging.getLogger(__name__)
@@ -94,14 +94,13 @@ class Containers(ResourceKind):
     def __init__(
         self, host: str | None = None, timeout: float = TIMEOUT, concurrency: int = CONCURRENCY
     ) -> None:
-        # Without a host, like the docker CLI: DOCKER_HOST and DOCKER_TLS_* from the environment.
-        self._client_args = docker.utils.kwargs_from_env() if host is None else {"base_url": host}
-        self.host: str = self._client_args.get("base_url") or DEFAULT_HOST
+        # Without a host, like the docker CLI: DOCKER_HOST, or the default socket.
+        self.host: str = host or os.environ.get("DOCKER_HOST", "").strip() or DEFAULT_HOST
+        self._socket = socket_path(self.host)
         self._timeout = timeout
         # One bound on the engine for every removal job at once: a dead owner with 1,000
         # containers, or 100 dead owners, send `concurrency` requests, not jobs x threads.
-        # A connection per slot, and spare ones for the scans.
-        self._engine = Engine(self._client_args, timeout, concurrency + 2, concurrency)
+        self._engine = Engine(self._socket, timeout, concurrency)
         self._removers = ThreadPoolExecutor(concurrency, thread_name_prefix="exitwatch-rm")
         self.connected = False
         self.reconnects = 0
@@ -109,7 +108,7 @@ class Containers(ResourceKind):
         self._since: str | None = None
         self._followed = self._down = False
         self._lock = threading.Lock()
-        self._stream: Any = None
+        self._stream: Events | None = None
         # The boot time (compose.boot_time) as it was when each owner was first seen: a
         # clock stepped since then is told by it (compose.started_at).
         self._seen: dict[Owner, float] = {}
@@ -174,9 +173,9 @@ class Containers(ResourceKind):
     def _watch(self, notify: Notify, stop_fd: int) -> None:
         delay = BACKOFF_MIN
         while not stopped(stop_fd):
-            # A client per connection: it negotiates the API version of the engine that answers
-            # now, and a stream stuck on a dead engine holds nothing that removals need.
-            engine = Engine(self._client_args, self._timeout, pool=2)
+            # An Engine per connection: it asks the API version of the engine that answers now,
+            # and a stream stuck on a dead engine holds nothing that removals need.
+            engine = Engine(self._socket, self._timeout)
             try:
                 self._follow(engine, notify, stop_fd)
                 problem = "the events stream ended"

@@ -89,7 +89,7 @@ def _engine_clean(request: pytest.FixtureRequest) -> Iterator[None]:
         used.clean()
 
 
-# The files that take the longest (45 s to 6 min each in `make test`, its two passes side by
+# The files that take the longest (30 s to 5 min each in `make test`, its two passes side by
 # side; tests/README.md, "Where the time goes"). `make test`'s workers take whole files in
 # collection order, so these go first: taken last, one of them would leave a worker running
 # on alone.
@@ -97,14 +97,16 @@ LONGEST_FIRST = (
     "test_runners.py",
     "test_clock_steps.py",
     "test_docker.py",
-    "test_bench_smoke.py",
     "test_adopt_transparency.py",
+    "test_bench_smoke.py",
     "test_deb.py",
     "test_proxy.py",
     "test_faults.py",
+    "test_run_engine.py",
     "test_agent.py",
     "test_operations.py",
     "test_hook_attacks.py",
+    "test_hook_files.py",
     "test_workdirs.py",
 )
 
@@ -123,16 +125,26 @@ ONE_PASS = {
         "test_runners.py",
         "test_runner_in_a_container.py",
         "test_bench_smoke.py",
-        # The product's own rules, as below; here, where it evens out the two passes' time.
+        # Of the kind below, but here, where they even out the two passes' time: the hook
+        # spool's attacks, compose projects under a stepped clock, the agent's faults.
         "test_hook_attacks.py",
+        "test_clock_steps.py",
+        "test_faults.py",
     ),
     "debian": (
-        # The product's own rules, reached through calls that the files of both passes
-        # make too: compose projects under a stepped clock, adopt's transparency
-        # (test_proxy.py proves the same proxy, for the run's socket, in both), the attacks
-        # on workdirs, hooks and a run's directories, the fuzzed labels and hook files, the
-        # operations and the status command (test_cli_errors.py has click's side in both).
-        "test_clock_steps.py",
+        # What no library of the other pass is under, on the interpreter the .deb runs on:
+        # the docker kind, which speaks to the engine with the standard library alone
+        # (kinds/docker/unixhttp.py), its engine calls and the agent end to end; and the
+        # product's own rules, reached through calls that the files of both passes make
+        # too: adopt's transparency (test_proxy.py proves the same proxy, for the run's
+        # socket, in both), the attacks on workdirs, hooks and a run's directories, the
+        # fuzzed labels and hook files, the operations and the status command
+        # (test_cli_errors.py has click's side in both).
+        "test_docker.py",
+        "test_agent.py",
+        "test_unixhttp.py",
+        "test_engine_load.py",
+        "test_labelled.py",
         "test_adopt_transparency.py",
         "test_attacks.py",
         "test_run_dirs_hijack.py",

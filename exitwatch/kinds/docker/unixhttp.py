@@ -69,7 +69,9 @@ def _message(body: bytes) -> str:
     return str(doc.get("message", "")) if isinstance(doc, dict) else str(doc)
 
 
-def _send(path: str, method: str, url: str, timeout: float) -> tuple[_UnixConnection, Any]:
+def _send(
+    path: str, method: str, url: str, timeout: float
+) -> tuple[_UnixConnection, http.client.HTTPResponse]:
     """Connect, send, and read the answer's head: the connection and the answer, with the
     socket still open. Raises EngineRefused (NotFound for a 404) for anything but a 2xx (a
     redirect too: nothing was done), OSError when no engine answers in HTTP."""

@@ -16,6 +16,7 @@ from exitwatch.agent.record import Recorder
 from exitwatch.kinds.base import ResourceKind
 from exitwatch.kinds.docker.kind import KIND as CONTAINER
 from exitwatch.kinds.docker.kind import Containers
+from exitwatch.kinds.docker.unixhttp import socket_path
 from exitwatch.kinds.hooks.kind import Hooks
 from exitwatch.kinds.processes.kind import Processes
 from exitwatch.kinds.workdirs.kind import Workdirs
@@ -35,7 +36,7 @@ def make_kinds(config: Config) -> dict[str, ResourceKind]:
     one): owners of another host carry another boot id, which reads as "rebooted".
     """
     containers = Containers(config.docker_host, concurrency=config.engine_concurrency)
-    if not containers.host.startswith("unix://"):
+    if socket_path(containers.host) is None:
         raise ConfigError(
             "docker_host: expected a local engine's unix:// socket (owners are processes of "
             f"this host), got {containers.host!r}"

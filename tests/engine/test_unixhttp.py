@@ -43,7 +43,7 @@ def test_an_engine_refusal_is_a_client_error_not_a_not_found(engine):
     # An API version the engine does not speak: a 400 with its message.
     with pytest.raises(unixhttp.EngineRefused) as caught:
         unixhttp.request(str(engine.socket), "DELETE", "/v0.1/containers/x", 15.0)
-    assert caught.value.is_client_error() and not isinstance(caught.value, unixhttp.NotFound)
+    assert 400 <= caught.value.status < 500 and not isinstance(caught.value, unixhttp.NotFound)
     assert caught.value.message
 
 

@@ -29,7 +29,8 @@ def _plain_distutils() -> dict[str, str]:
     Python 3.12). compose v1 imports distutils, and bookworm's docker-py 5 under it; where
     setuptools is installed, its shim answers that import with all of setuptools and
     pkg_resources: 0.80 s of CPU for a `docker-compose version`, 0.37 s with the variable,
-    which turns the shim off. The same distutils, bar the time."""
+    which turns the shim off. The same distutils, bar the time. Every process env() is given
+    to has it; none but compose imports distutils (the product imports no SDK)."""
     plain = subprocess.run(
         ["/usr/bin/python3", "-S", "-c", "import distutils.version, distutils.spawn"],
         capture_output=True,

@@ -12,11 +12,13 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import exitwatch
+from exitwatch.kinds.docker import engine as engine_client
 from exitwatch.kinds.docker import unixhttp
 from exitwatch.kinds.docker.engine import Engine, EngineError, engine_error, json_array
 from exitwatch.kinds.docker.kind import Containers
@@ -81,11 +83,13 @@ def test_a_url_that_is_not_a_unix_socket_is_refused_by_every_call() -> None:
 
 
 class StandIn:
-    """One answer, as given bytes, to each connection on a unix socket (what no real engine
-    says: garbage, a body cut short, a stream that never ends)."""
+    """One answer to each connection on a unix socket, as given bytes or made from the
+    request's path (what no real engine says: garbage, a body cut short, a stream that
+    never ends, a listing in small chunks)."""
 
-    def __init__(self, path: Path, answer: bytes, hold: bool = False) -> None:
-        self.path, self._answer, self._hold = str(path), answer, hold
+    def __init__(self, path: Path, answer: bytes | Callable[[str], bytes], hold: bool) -> None:
+        self.path, self._hold = str(path), hold
+        self._answer = answer if callable(answer) else lambda _: answer
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
         self._server.listen(8)
@@ -101,7 +105,7 @@ class StandIn:
                 return
             with conn:
                 self.requests.append(conn.recv(65536))
-                conn.sendall(self._answer)
+                conn.sendall(self._answer(self.requests[-1].split()[1].decode()))
                 if self._hold:  # until the client goes
                     while conn.recv(4096):
                         pass
@@ -116,7 +120,7 @@ class StandIn:
 def stand_in(tmp_path: Path):
     made: list[StandIn] = []
 
-    def make(answer: bytes, hold: bool = False) -> StandIn:
+    def make(answer: bytes | Callable[[str], bytes], hold: bool = False) -> StandIn:
         made.append(StandIn(tmp_path / f"{len(made)}.sock", answer, hold))
         return made[-1]
 
@@ -125,9 +129,94 @@ def stand_in(tmp_path: Path):
         server.close()
 
 
+@pytest.fixture
+def sockets(monkeypatch: pytest.MonkeyPatch) -> list[socket.socket]:
+    """Every socket the client connects, to see that each is let go."""
+    made: list[socket.socket] = []
+
+    class Tracked(unixhttp._UnixConnection):
+        def connect(self) -> None:
+            super().connect()
+            made.append(self.raw)
+
+    monkeypatch.setattr(unixhttp, "_UnixConnection", Tracked)
+    return made
+
+
 def _http(status: str, body: bytes, *head: str) -> bytes:
     lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", *head, "", ""]
     return "\r\n".join(lines).encode() + body
+
+
+def _chunked(body: bytes, size: int, *head: str) -> bytes:
+    lines = ["HTTP/1.1 200 OK", "Transfer-Encoding: chunked", *head, "", ""]
+    chunks = [body[i : i + size] for i in range(0, len(body), size)]
+    return "\r\n".join(lines).encode() + b"".join(
+        b"%x\r\n%s\r\n" % (len(c), c) for c in [*chunks, b""]
+    )
+
+
+VERSION = _http("200 OK", b'{"ApiVersion": "1.41"}')
+
+
+def test_the_api_version_is_asked_once_and_again_after_close(stand_in) -> None:
+    server = stand_in(lambda path: VERSION if path == "/version" else _http("200 OK", b"{}"))
+    api = Engine(server.path, 5.0)
+    api.inspect("c")
+    api.remove_volume("v")
+    api.close()
+    api.inspect("c")
+    asked = [r.split()[:2] for r in server.requests]
+    assert asked == [
+        [b"GET", b"/version"],
+        [b"GET", b"/v1.41/containers/c/json"],
+        [b"DELETE", b"/v1.41/volumes/v"],
+        [b"GET", b"/version"],
+        [b"GET", b"/v1.41/containers/c/json"],
+    ]
+
+
+@pytest.mark.parametrize("head", [(), ("Connection: close",)])
+def test_a_listing_in_chunks_is_read_whole_and_every_socket_let_go(stand_in, sockets, head):
+    items = [{"Id": str(n), "Names": [f"/c{n}"]} for n in range(300)]
+    listing = _chunked(json.dumps(items).encode(), 1000, *head)
+    server = stand_in(
+        lambda path: (
+            _http("200 OK", b'{"ApiVersion": "1.41"}', *head) if path == "/version" else listing
+        )
+    )
+    assert Engine(server.path, 5.0).containers("x") == items
+    assert len(sockets) == 2 and all(s.fileno() == -1 for s in sockets)
+
+
+@pytest.mark.parametrize(
+    ("failures", "again", "calls", "said"),
+    [
+        ([unixhttp.EngineRefused(409, "Conflict", "in progress")], (409,), 2, (True, "removed")),
+        ([unixhttp.EngineRefused(403, "Forbidden", "busy")], (403,), 2, (True, "removed")),
+        ([unixhttp.EngineRefused(400, "Bad Request", "bad")], (409,), 1, (False, "bad (HTTP 400)")),
+        ([unixhttp.EngineRefused(301, "Moved", "")], (409,), 1, (False, "301 Moved (HTTP 301)")),
+        ([unixhttp.EngineRefused(500, "Error", "disk")] * 3, (409,), 3, (False, "disk (HTTP 500)")),
+        (
+            [ConnectionRefusedError(111, "Connection refused")] * 3,
+            (),
+            3,
+            (False, "Connection refused"),
+        ),
+        ([unixhttp.NotFound(404, "Not Found", "No such")], (), 1, (True, "already gone")),
+    ],
+)
+def test_attempt_tries_again_only_what_may_pass(monkeypatch, failures, again, calls, said):
+    monkeypatch.setattr(engine_client, "RETRY_PAUSE", 0.0)
+    left, made = list(failures), []
+
+    def call() -> None:
+        made.append(1)
+        if left:
+            raise left.pop(0)
+
+    assert engine_client.attempt(call, again) == said
+    assert len(made) == calls
 
 
 def test_a_refusal_carries_the_engines_status_and_message(stand_in) -> None:
@@ -135,7 +224,7 @@ def test_a_refusal_carries_the_engines_status_and_message(stand_in) -> None:
     with pytest.raises(unixhttp.EngineRefused) as caught:
         unixhttp.request(server.path, "DELETE", "/v1.41/volumes/v", 5.0)
     err = caught.value
-    assert (err.status, err.message, err.is_client_error()) == (500, "disk full", False)
+    assert (err.status, err.message) == (500, "disk full")
     assert not isinstance(err, unixhttp.NotFound)
     assert engine_error(err) == "disk full (HTTP 500)"
     assert server.requests[0].startswith(b"DELETE /v1.41/volumes/v HTTP/1.1\r\n")
@@ -172,10 +261,16 @@ def test_an_engine_without_an_api_version_is_named(stand_in) -> None:
         Engine(server.path, 5.0).inspect("c")
 
 
-def test_closing_a_stream_from_another_thread_wakes_its_reader(stand_in) -> None:
+# An answer that says "close" makes http.client forget the socket: the stream must let it go
+# all the same.
+HEADS = pytest.mark.parametrize("close", ["", "Connection: close\r\n"])
+
+
+@HEADS
+def test_closing_a_stream_from_another_thread_wakes_its_reader(stand_in, sockets, close) -> None:
     # An events stream with one event, then silence, held open by the engine.
     event = b'{"Action": "create"}\n'
-    head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n{close}\r\n"
     server = stand_in(head.encode() + b"%x\r\n%s\r\n" % (len(event), event), hold=True)
     stream = unixhttp.Stream(server.path, "/events", 0.2, endless=True)
     seen: list[object] = []
@@ -197,7 +292,18 @@ def test_closing_a_stream_from_another_thread_wakes_its_reader(stand_in) -> None
     reader.join(5)
     assert not reader.is_alive()
     assert seen == [{"Action": "create"}]
+    assert sockets[0].fileno() == -1  # the reader let it go
     stream.close()  # twice is harmless
+
+
+@HEADS
+def test_a_stream_closed_before_any_read_ends_at_once(stand_in, sockets, close) -> None:
+    head = f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n{close}\r\n"
+    server = stand_in(head.encode(), hold=True)
+    stream = unixhttp.Stream(server.path, "/events", 0.2, endless=True)
+    stream.close()
+    assert sockets[0].fileno() == -1
+    assert list(stream.objects()) == []
 
 
 def test_the_agents_modules_import_no_sdk() -> None:

@@ -1,4 +1,4 @@
-"""The Docker engine as exitwatch uses it: exactly the calls it makes, on one client, and
+"""The Docker engine as exitwatch uses it: exactly the calls it makes, over its socket, and
 one line for whatever the engine or the way to it says went wrong."""
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ def attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[
             return True, "already gone"
         except ENGINE_ERRORS as err:
             problem = engine_error(err)
-            # A refusal stays a refusal; 409 is mostly "removal already in progress".
-            if isinstance(err, EngineRefused) and err.is_client_error() and err.status not in again:
+            # A refusal stays a refusal (a redirect too: nothing was done), but for a 5xx;
+            # 409 is mostly "removal already in progress".
+            if isinstance(err, EngineRefused) and err.status < 500 and err.status not in again:
                 break
         if n + 1 < ATTEMPTS:
             time.sleep(RETRY_PAUSE * 2**n)
@@ -83,8 +84,8 @@ class Engine:
     narrow interface; unixhttp.py speaks them). None: an engine URL that is not a unix
     socket, which every call refuses.
 
-    The API version is the engine's own, asked for on first use (as the docker CLI does):
-    no version is asked while no engine answers, and the next call simply tries again. With
+    The API version is the engine's own, asked for on first use (as docker-py's "auto"
+    did): none is kept while no engine answers, and the next call simply asks again. With
     `concurrency`, at most that many of its calls (but ping and the events stream) are
     sent at once, from however many threads: the rest wait their turn.
     """

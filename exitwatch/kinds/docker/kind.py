@@ -193,6 +193,9 @@ class Containers(ResourceKind):
                 engine.close()
             if stopped(stop_fd):
                 break
+            # The engine that answers next may be another (restarted, upgraded): the
+            # removals ask its API version again.
+            self._engine.close()
             if self.connected:
                 delay = BACKOFF_MIN
             self.connected = False

@@ -26,9 +26,6 @@ class EngineRefused(Exception):
         super().__init__(f"{status} {reason}" + (f": {message}" if message else ""))
         self.status, self.reason, self.message = status, reason, message
 
-    def is_client_error(self) -> bool:
-        return 400 <= self.status < 500
-
 
 class NotFound(EngineRefused):
     """404: no such container, network or volume (or API path)."""
@@ -69,6 +66,23 @@ def _message(body: bytes) -> str:
     return str(doc.get("message", "")) if isinstance(doc, dict) else str(doc)
 
 
+def _whole(answer: http.client.HTTPResponse) -> bytes:
+    try:
+        return answer.read()
+    except http.client.HTTPException as err:
+        raise OSError(f"the engine's answer was cut short: {err!r}") from None
+
+
+def _release(conn: _UnixConnection, answer: http.client.HTTPResponse | None) -> None:
+    """Close the answer, the connection and its socket. An answer that says "close" makes
+    http.client forget the socket, whose descriptor the answer's reader alone then holds."""
+    if answer is not None:
+        answer.close()
+    conn.close()
+    if conn.raw is not None:
+        conn.raw.close()
+
+
 def _send(
     path: str, method: str, url: str, timeout: float
 ) -> tuple[_UnixConnection, http.client.HTTPResponse]:
@@ -76,17 +90,18 @@ def _send(
     socket still open. Raises EngineRefused (NotFound for a 404) for anything but a 2xx (a
     redirect too: nothing was done), OSError when no engine answers in HTTP."""
     conn = _UnixConnection(path, timeout)
+    answer = None
     try:
         conn.request(method, url)
-        answer = conn.getresponse()
+        try:
+            answer = conn.getresponse()
+        except http.client.HTTPException as err:
+            raise OSError(f"the engine did not answer in HTTP: {err!r}") from None
         if not 200 <= answer.status < 300:
             error = NotFound if answer.status == 404 else EngineRefused
-            raise error(answer.status, answer.reason, _message(answer.read()))
-    except http.client.HTTPException as err:
-        conn.close()
-        raise OSError(f"the engine did not answer in HTTP: {err!r}") from None
+            raise error(answer.status, answer.reason, _message(_whole(answer)))
     except BaseException:
-        conn.close()
+        _release(conn, answer)
         raise
     return conn, answer
 
@@ -95,11 +110,9 @@ def request(path: str, method: str, url: str, timeout: float) -> bytes:
     """The whole body of one call's 2xx answer. Raises as _send does."""
     conn, answer = _send(path, method, url, timeout)
     try:
-        return answer.read()
-    except http.client.HTTPException as err:
-        raise OSError(f"the engine's answer was cut short: {err!r}") from None
+        return _whole(answer)
     finally:
-        conn.close()
+        _release(conn, answer)
 
 
 class Stream:
@@ -141,7 +154,7 @@ class Stream:
                 self._reading = False
                 closed = self._closed
             if closed:
-                self._conn.close()
+                _release(self._conn, self._answer)
 
     def close(self) -> None:
         with self._lock:
@@ -149,9 +162,9 @@ class Stream:
                 return
             self._closed = True
             reading = self._reading
-        sock = self._conn.raw
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            # Under the lock: a reader that wakes lets the socket go only after taking it.
+            if reading and self._conn.raw is not None:
+                with contextlib.suppress(OSError):
+                    self._conn.raw.shutdown(socket.SHUT_RDWR)
         if not reading:
-            self._conn.close()
+            _release(self._conn, self._answer)

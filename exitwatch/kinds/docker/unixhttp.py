@@ -66,9 +66,10 @@ def _message(body: bytes) -> str:
     return str(doc.get("message", "")) if isinstance(doc, dict) else str(doc)
 
 
-def _whole(answer: http.client.HTTPResponse) -> bytes:
+def _cut_short(read: Callable[[], bytes]) -> bytes:
+    """read(), with http.client's word for an answer that ended early made an OSError."""
     try:
-        return answer.read()
+        return read()
     except http.client.HTTPException as err:
         raise OSError(f"the engine's answer was cut short: {err!r}") from None
 
@@ -99,7 +100,7 @@ def _send(
             raise OSError(f"the engine did not answer in HTTP: {err!r}") from None
         if not 200 <= answer.status < 300:
             error = NotFound if answer.status == 404 else EngineRefused
-            raise error(answer.status, answer.reason, _message(_whole(answer)))
+            raise error(answer.status, answer.reason, _message(_cut_short(answer.read)))
     except BaseException:
         _release(conn, answer)
         raise
@@ -110,7 +111,7 @@ def request(path: str, method: str, url: str, timeout: float) -> bytes:
     """The whole body of one call's 2xx answer. Raises as _send does."""
     conn, answer = _send(path, method, url, timeout)
     try:
-        return _whole(answer)
+        return _cut_short(answer.read)
     finally:
         _release(conn, answer)
 
@@ -146,9 +147,7 @@ class Stream:
                 return b""
             self._reading = True
         try:
-            return read()
-        except http.client.HTTPException as err:
-            raise OSError(f"the engine's answer was cut short: {err!r}") from None
+            return _cut_short(read)
         finally:
             with self._lock:
                 self._reading = False

@@ -673,9 +673,14 @@ def test_start_falls_back_to_rescanning_when_inotify_fails(
     # The kernel's answer, injected: this host has watches and instances to spare.
     monkeypatch.setattr(inotify.Inotify, call, refuse)
     before = marked(root / "before")
-    changes = running(Workdirs([str(root)]))
+    kind = Workdirs([str(root)])
+    changes = running(kind)
     snap = changes.wait(lambda c: isinstance(c, Snapshot), "the snapshot")
     assert keys(snap) == {str(before)}
+    # With watches refused, inotify's first walk has sent a Snapshot already, and the first
+    # rescan sends its own: a workdir made before that rescan would be in it, not Found.
+    wait_for(lambda: kind.discovery.startswith("rescans every"), what="the first rescan")
+    assert all(keys(c) == {str(before)} for c in changes.seen if isinstance(c, Snapshot))
 
     # A rescan's pause grows with its wall time (workdir_watch.RESCAN_SHARE), which a busy machine
     # stretches: up to POLL_MAX, the most a new workdir may wait.

@@ -95,12 +95,28 @@ def test_no_tmpdir_leaves_tmpdir_alone(bases) -> None:
 
 # -- signals -----------------------------------------------------------------------------------
 
+
+# None of the children below waits in signal.pause() or a plain read(): a signal that lands
+# after the interpreter last looked for one and before it blocks there is handled only once
+# the call returns, so the handler would wait for another signal or the next line, with or
+# without the wrapper. Each waits on `wake` too, which the signal itself makes readable.
+def waking(program: str) -> str:
+    """`program`, after a prelude that gives it `os`, `signal` and `wake`."""
+    prelude = r"""
+import os, signal
+wake, woken = os.pipe()
+os.set_blocking(woken, False)
+signal.set_wakeup_fd(woken)
+"""
+    return prelude + program
+
+
 # Reports each signal it gets; exits 10+N on the one it was told to exit on.
 # The children write with os.write, not print: a handler that prints while the main code is
 # inside print's buffered write fails with "reentrant call" (seen on Python 3.13, when the
 # test's signal came as soon as "ready" reached the pipe).
-CATCHER = r"""
-import os, signal, sys
+CATCHER = waking(r"""
+import sys
 stop = int(sys.argv[1])
 def on(n, _):
     os.write(1, f"{signal.Signals(n).name}\n".encode())
@@ -110,8 +126,8 @@ for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(s, on)
 os.write(1, b"ready\n")
 while True:
-    signal.pause()
-"""
+    os.read(wake, 4096)
+""")
 
 
 def catcher(bases: Path, stop: int) -> subprocess.Popen:
@@ -143,8 +159,8 @@ def test_a_second_sigterm_kills_cmd(bases) -> None:
 
 
 # Counts SIGINTs until told to quit on stdin.
-COUNTER = r"""
-import os, signal, sys
+COUNTER = waking(r"""
+import select
 n = 0
 def on(*_):
     global n
@@ -152,11 +168,14 @@ def on(*_):
     os.write(1, f"INT {n}\n".encode())
 signal.signal(signal.SIGINT, on)
 os.write(1, b"ready\n")
-for line in sys.stdin:
-    if line.strip() == "quit":
-        os.write(1, f"total {n}\n".encode())
-        sys.exit(0)
-"""
+typed = b""
+while b"quit" not in typed:
+    if 0 in select.select([0, wake], [], [])[0]:
+        typed += os.read(0, 4096)
+    else:
+        os.read(wake, 4096)
+os.write(1, f"total {n}\n".encode())
+""")
 
 
 def _in_a_pty(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -244,8 +263,8 @@ def test_leftover_descendants_get_sigterm_then_sigkill(bases, tmp_path) -> None:
 # Ignores SIGTERM, says when it came (CLOCK_MONOTONIC is the host's, as the test's), and
 # stays; its parent, CMD, exits once the leftover has said its pid (its handler set) and
 # the test has said go (it holds a pidfd of the leftover by then).
-STUBBORN = r"""
-import os, signal, sys, time
+STUBBORN = waking(r"""
+import sys, time
 ready = os.pipe()
 if os.fork():
     os.read(ready[0], 1)
@@ -261,8 +280,8 @@ with open(sys.argv[2], "w") as f:
     f.write(str(os.getpid()))
 os.write(ready[1], b"x")
 while True:
-    signal.pause()
-"""
+    os.read(wake, 4096)
+""")
 
 
 @pytest.mark.parametrize("grace", [0.5, 2.0])

@@ -162,17 +162,15 @@ def agent(config_path: str | None, **flags: object) -> None:
     reload = threading.Event()
     stopping = threading.Event()
 
-    def on_stop(*_: object) -> None:
+    def on_stop() -> None:
         stopping.set()
         service.stop()
 
-    def on_reload(*_: object) -> None:
+    def on_reload() -> None:
         reload.set()
         service.stop()
 
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_reload)
+    shutdown.on_signals({signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: on_reload})
     while True:
         try:
             abandoned = service.run(shutdown.DEADLINE)
@@ -327,8 +325,7 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
     except ProxyError as err:
         raise click.ClickException(str(err)) from None
     stopping = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.set())
+    shutdown.on_signals({signal.SIGTERM: stopping.set, signal.SIGINT: stopping.set})
     try:
         serve(Settings(config.adopt.listen, engine, config.adopt.rules), stopping, os.environ)
     except AdoptError as err:

@@ -61,7 +61,8 @@ class Service:
         self._stop_at = 0.0
 
     def stop(self) -> None:
-        """Make run() return; safe in a signal handler."""
+        """Make run() return; callable from any thread (not a signal handler: see
+        shutdown.on_signals)."""
         self._stop_at = time.monotonic()
         self._stop_requested.set()
         if self._agent is not None:

@@ -30,6 +30,7 @@ from exitwatch.kinds.docker.kind import Containers
 from exitwatch.kinds.hooks.file import ensure_spool
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
 
+from support import scratch
 from support.engine import ENGINE_SH, IMAGE, PrivateEngine
 from support.procs import kill, run, spawn_owner
 from support.runs import FakeRun
@@ -161,6 +162,9 @@ ONE_PASS = {
 }
 
 
+_SCRATCH = pytest.StashKey[Path]()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--pass",
@@ -171,10 +175,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Before any test makes a directory; an xdist worker inherits TMPDIR with its environment.
+    if not hasattr(config, "workerinput") and scratch.ENV not in os.environ:
+        config.stash[_SCRATCH] = scratch.make()
     # xdist 3.5 and later hand out the files with the most tests first: 3.8 (the venv's) unless
     # told not to, as here; 3.5 to 3.7 always (Debian 13's 3.6.1); 3.1 (Debian 12's) never.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if top := config.stash.get(_SCRATCH, None):
+        scratch.remove(top)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -195,7 +207,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def workroot() -> Iterator[Path]:
     """A fresh workdir root of the test's own under /tmp (short: socket paths live there)."""
-    root = Path(tempfile.mkdtemp(prefix="exitwatch-root-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="exitwatch-root-"))
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
@@ -204,7 +216,7 @@ def workroot() -> Iterator[Path]:
 def spool(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A hook spool as the agent makes it (root's, 1733), under a directory anyone may
     search, named to the registering side by EXITWATCH_HOOK_DIR."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-hooks-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-hooks-"))
     os.chmod(top, 0o755)
     path = top / "hooks"
     ensure_spool(str(path))
@@ -258,7 +270,7 @@ def attacker() -> pwd.struct_passwd:
 @pytest.fixture
 def victim() -> Iterator[Path]:
     """A root-owned tree outside every root, with a file, a subdirectory and a symlink."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-victim-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-victim-"))
     os.chmod(top, 0o755)
     (top / "precious").write_text("do not remove\n")
     (top / "sub" / "deeper").mkdir(parents=True)
@@ -275,7 +287,7 @@ def victim() -> Iterator[Path]:
 def bases() -> Iterator[Path]:
     """A short directory standing for the caller's TMPDIR and XDG_RUNTIME_DIR, so that what a
     run leaves when it is SIGKILLed lands there and goes with the test."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-runbase-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-runbase-"))
     yield top
     shutil.rmtree(top)
 

@@ -64,7 +64,7 @@ def served(engine, monkeypatch) -> Iterator[tuple[Path, _Failing]]:
     in front of the private engine, whose /proc reading can be made to fail."""
     failing = _Failing()
     monkeypatch.setattr(procfs, "cmdline", failing)
-    where = tempfile.mkdtemp(prefix="exitwatch-adopt-", dir="/tmp")
+    where = tempfile.mkdtemp(prefix="exitwatch-adopt-")
     proxy = Proxy(listen(where), str(engine.socket), Adopting((), str(engine.socket)))
     proxy.start()
     try:

@@ -61,7 +61,7 @@ class AttackerOwner:
 
 @pytest.fixture
 def root() -> Iterator[Path]:
-    top = tempfile.mkdtemp(prefix="exitwatch-attack-", dir="/tmp")
+    top = tempfile.mkdtemp(prefix="exitwatch-attack-")
     os.chmod(top, 0o1777)
     try:
         yield Path(top)
@@ -362,7 +362,7 @@ def test_a_deep_tree_of_long_names_is_removed_in_bounded_memory(agent, root, att
 
 
 def test_status_since_as_a_user_who_may_not_read_the_audit_log_is_one_line(root, attacker, engine):
-    private = Path(tempfile.mkdtemp(prefix="exitwatch-audit-", dir="/tmp"))  # 0700, root's
+    private = Path(tempfile.mkdtemp(prefix="exitwatch-audit-"))  # 0700, root's
     try:
         (private / "audit.jsonl").write_text("")
         config = root / "config.toml"

@@ -155,7 +155,7 @@ def test_special_file_markers_warn_never_block_and_are_never_removed(
         "a socket": lambda p: socket.socket(socket.AF_UNIX).bind(str(p)),
     }
     made = {}
-    staging = Path(tempfile.mkdtemp(prefix="exitwatch-fuzz-staging-", dir="/tmp"))
+    staging = Path(tempfile.mkdtemp(prefix="exitwatch-fuzz-staging-"))
     try:
         for what, make in cases.items():
             # Made aside and moved in whole: discovery notices a marker that is moved or

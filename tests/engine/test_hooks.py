@@ -191,8 +191,8 @@ os.execvp("sleep", ["sleep", "1000000"])
 
 
 def test_a_users_hook_runs_as_that_user_and_no_more(hook_agent, spool, attacker):
-    out = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-", dir="/tmp"))
-    victim = Path(tempfile.mkdtemp(prefix="exitwatch-victim-", dir="/tmp"))
+    out = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-"))
+    victim = Path(tempfile.mkdtemp(prefix="exitwatch-victim-"))
     os.chmod(out, 0o1777)
     os.chmod(victim, 0o755)
     try:

@@ -82,7 +82,7 @@ def test_agent_dry_run_reports_and_removes_nothing(engine, run_agent, workroot):
 
 
 def test_sd_notify_stopping_on_sigterm(run_agent):
-    path = tempfile.mktemp(prefix="exitwatch-notify-", dir="/tmp")
+    path = tempfile.mktemp(prefix="exitwatch-notify-")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(path)
         sock.settimeout(30)
@@ -111,7 +111,7 @@ def freezable() -> Iterator[tuple[Path, Callable]]:
     it is thawed: a removal that really hangs, the way one on a stuck disk or an NFS server
     that went away does, and that ends exactly when the test says.
     """
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-frz-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-frz-"))
     image, mnt = top / "fs.img", top / "mnt"
     mnt.mkdir()
     with image.open("wb") as f:

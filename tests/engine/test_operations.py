@@ -33,7 +33,7 @@ from support.procs import kill, spawn_owner, wait_for
 
 @pytest.fixture
 def root():
-    path = Path(tempfile.mkdtemp(prefix="exitwatch-ops-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="exitwatch-ops-"))
     (path / "work").mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -225,7 +225,7 @@ def test_sighup_reloads_the_config(run_agent, tmp_path):
 
 
 def test_sd_notify_ready_and_watchdog(run_agent, tmp_path):
-    path = tempfile.mktemp(prefix="exitwatch-notify-", dir="/tmp")
+    path = tempfile.mktemp(prefix="exitwatch-notify-")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(path)
         sock.settimeout(10)

@@ -6,14 +6,13 @@ system/test_processes.py drives the kind itself."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from exitwatch.kinds.processes.kind import KIND
 
 from support.agentproc import Agent, running
 from support.procs import wait_for
-from support.runs import WRAPPER, FakeRun, Proc
+from support.runs import WRAPPER, FakeRun, Proc, other_agents
 
 # A shell that ran `eval "$(exitwatch labels --format env)"`: the owner alone, no run.
 _SHELL = WRAPPER.replace('EXITWATCH_RUN="$owner" ', "")
@@ -34,22 +33,6 @@ def _audit(agent: Agent) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _others(agent: Agent) -> list[str]:
-    """The other exitwatch agents and reaps on the host. The process kind is host-wide: each
-    of them with it kills a dead run's leftovers too, and one may get there first, which this
-    agent then records as "already gone" (issue 19: never a live leftover judged gone)."""
-    others = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        words = [w.decode(errors="replace") for w in argv]
-        if int(pid) != agent.pid and "exitwatch" in words and {"agent", "reap"} & set(words):
-            others.append(f"{pid}: {' '.join(words)[:200]}")
-    return others
 
 
 def _entry(agent: Agent, proc: Proc, refused: bool = False) -> dict | None:
@@ -74,7 +57,7 @@ def _beaten(agent: Agent, entry: dict | None) -> bool:
     with another agent there: else it is this agent's failure."""
     if entry is not None and entry["result"] == "killed (SIGKILL)":
         return False
-    others = _others(agent)
+    others = other_agents(but=agent.pid)
     assert others and (entry is None or entry["result"] == "already gone"), (entry, others)
     return True
 

@@ -48,7 +48,7 @@ CLIS = [
 @pytest.fixture
 def proxied(engine) -> Iterator[str]:
     """The DOCKER_HOST of a run's socket in front of the private engine, labelling with OWNER."""
-    where = tempfile.mkdtemp(prefix="exitwatch-proxy-", dir="/tmp")
+    where = tempfile.mkdtemp(prefix="exitwatch-proxy-")
     proxy = Proxy(listen(where), str(engine.socket), Always(OWNER))
     proxy.start()
     try:

@@ -67,7 +67,7 @@ echo "$EXITWATCH_OWNER"
 def users_dir(attacker) -> Iterator[Path]:
     """A directory of the unprivileged user's under /tmp, standing for their TMPDIR and
     XDG_RUNTIME_DIR."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-user-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-user-"))
     os.chmod(top, 0o755)
     os.chown(top, attacker.pw_uid, attacker.pw_gid)
     yield top

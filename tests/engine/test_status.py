@@ -26,7 +26,7 @@ from support.procs import kill, spawn_owner, wait_for
 
 @pytest.fixture
 def root():
-    path = Path(tempfile.mkdtemp(prefix="exitwatch-st-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="exitwatch-st-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -167,7 +167,7 @@ def rig() -> Iterator[Rig]:
         config = tools.docker_config()
     except tools.Unavailable as err:
         _unavailable(str(err))
-    root = Path(tempfile.mkdtemp(prefix="exitwatch-rr-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="exitwatch-rr-"))
     with runners.bridge_engine() as engine:
         client = docker.APIClient(base_url=engine.host)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}

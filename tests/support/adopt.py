@@ -103,7 +103,7 @@ class Adopt:
 
 def short_dir(prefix: str = "exitwatch-adopt-") -> Path:
     """A fresh root-owned directory under /tmp, short enough for socket paths."""
-    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ def agent_argv(
     its status socket, audit log and hook spool in a fresh directory of its own (never the
     system's). Without `leftovers`, the process kind is off, unless `extra` names a config
     file (which then says, with NO_LEFTOVERS)."""
-    state = tempfile.mkdtemp(prefix="exitwatch-agent-", dir="/tmp")  # short: a socket path
+    state = tempfile.mkdtemp(prefix="exitwatch-agent-")  # short: a socket path
     atexit.register(shutil.rmtree, state, True)
     if not leftovers and "--config" not in extra:
         extra = ("--config", quiet_config(state), *extra)

@@ -23,7 +23,7 @@ DEADLINE = 30.0  # seconds for any one exchange: a hang fails the test instead o
 @contextlib.contextmanager
 def serving(engine, policy: Policy) -> Iterator[str]:
     """The path of a labelling socket in front of the private engine, with `policy`."""
-    where = tempfile.mkdtemp(prefix="exitwatch-proxy-", dir="/tmp")
+    where = tempfile.mkdtemp(prefix="exitwatch-proxy-")
     proxy = Proxy(listen(where), str(engine.socket), policy)
     proxy.start()
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN
@@ -78,3 +79,19 @@ class FakeRun:
         for proc in self.others:
             proc.kill()
             proc.wait()
+
+
+def other_agents(but: int | None = None) -> list[str]:
+    """The exitwatch agents and reaps on the host other than process `but`. The process kind
+    is host-wide: each of them with it kills a dead run's leftovers too, and may get there
+    first (issue 19: never a live leftover judged gone)."""
+    others = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in argv]
+        if int(pid) != but and "exitwatch" in words and {"agent", "reap"} & set(words):
+            others.append(f"{pid}: {' '.join(words)[:200]}")
+    return others

@@ -201,7 +201,7 @@ def _capabilities(unit: str) -> str:
 def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) -> None:
     """The installed CLI labels and marks; the installed agent, on Debian's python3 and held
     to the unit's capability bounding set, removes both once the owner is SIGKILLed."""
-    root = Path(tempfile.mkdtemp(prefix="exitwatch-deb-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="exitwatch-deb-"))
     log = tmp_path / "agent.log"
     owner = spawn_owner()
     agent = None

@@ -50,7 +50,7 @@ def third_user() -> Iterator:
 @pytest.fixture
 def out() -> Iterator[Path]:
     """A directory under /tmp that every user's hooks may write to."""
-    d = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-", dir="/tmp"))
+    d = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-"))
     os.chmod(d, 0o1777)
     try:
         yield d
@@ -111,7 +111,7 @@ def test_root_owned_files_a_user_moves_into_the_spool_never_run(
     proof = tmp_path / "proof"  # root's 0700 tmp_path: the user cannot write here
     proof.mkdir()
     evil = json.dumps(body(killed_owner(), ["sh", "-c", f"id -u > {proof}/pwned"])).encode()
-    home = Path(tempfile.mkdtemp(prefix="exitwatch-home-", dir="/tmp"))
+    home = Path(tempfile.mkdtemp(prefix="exitwatch-home-"))
     try:
         os.chown(home, attacker.pw_uid, attacker.pw_gid)
         _tarball(
@@ -178,7 +178,7 @@ def test_a_users_move_of_another_users_files_never_runs_as_them(
     the directory are B's, their content A's. A moves the file into a hook directory of
     A's own, and tries to move the directory into the spool. Nothing runs as B."""
     a, b = attacker, other_user
-    shared = Path(tempfile.mkdtemp(prefix="exitwatch-shared-", dir="/tmp"))
+    shared = Path(tempfile.mkdtemp(prefix="exitwatch-shared-"))
     try:
         os.chown(shared, a.pw_uid, a.pw_gid)
         os.chmod(shared, 0o777)  # A's, open to B

@@ -455,7 +455,7 @@ def test_a_hook_runs_where_its_user_may_go(spool, dead_owner, tmp_path, attacker
     hidden = tmp_path / "hidden"
     (hidden / "inner").mkdir(parents=True)
     os.chmod(hidden, 0o700)
-    out = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-", dir="/tmp"))
+    out = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-"))
     os.chmod(out, 0o1777)
     try:
         (out / "door").symlink_to(hidden / "inner")

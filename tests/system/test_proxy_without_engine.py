@@ -16,7 +16,7 @@ OWNER = str(owner_of())
 
 
 def test_no_engine_is_an_error_as_without_the_socket(tmp_path) -> None:
-    where = tempfile.mkdtemp(prefix="exitwatch-proxy-", dir="/tmp")
+    where = tempfile.mkdtemp(prefix="exitwatch-proxy-")
     proxy = Proxy(listen(where), str(tmp_path / "none.sock"), Always(OWNER))
     proxy.start()
     try:

@@ -345,7 +345,7 @@ def test_cmd_dies_with_the_wrapper(bases, tmp_path) -> None:
 
 
 def test_an_unprivileged_caller_cleans_up_with_its_own_rights(attacker, tmp_path) -> None:
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-user-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-user-"))
     os.chown(top, attacker.pw_uid, attacker.pw_gid)
     script = (
         'mkdir -p "$TMPDIR/d/e" && echo x > "$TMPDIR/d/e/f" && chmod 400 "$TMPDIR/d/e/f" && '

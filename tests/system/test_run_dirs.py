@@ -25,7 +25,7 @@ SHOW = 'echo "$DOCKER_HOST" "$TMPDIR"; touch "$TMPDIR/result.txt"'
 @pytest.fixture
 def top() -> Iterator[Path]:
     """A root-owned directory under /tmp that the layouts are built in."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-dirs-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-dirs-"))
     os.chmod(top, 0o755)
     yield top
     shutil.rmtree(top)

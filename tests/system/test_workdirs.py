@@ -40,7 +40,7 @@ DEAD = reused_pid_owner()
 @pytest.fixture
 def root() -> Iterator[Path]:
     """A world-writable sticky root, like /tmp. Mounts below it go before it does."""
-    top = tempfile.mkdtemp(prefix="exitwatch-test-", dir="/tmp")
+    top = tempfile.mkdtemp(prefix="exitwatch-test-")
     os.chmod(top, 0o1777)
     try:
         yield Path(top)

@@ -159,18 +159,16 @@ def agent(config_path: str | None, **flags: object) -> None:
     from exitwatch.sources import SourceError
 
     service = Service(config, started=time.time())
-    reload = threading.Event()
     stopping = threading.Event()
 
     def on_stop() -> None:
         stopping.set()
         service.stop()
 
-    def on_reload() -> None:
-        reload.set()
-        service.stop()
-
-    shutdown.on_signals({signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: on_reload})
+    # A run that ends with no stop asked was ended by SIGHUP: the config is read again.
+    shutdown.on_signals(
+        {signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: service.stop}
+    )
     while True:
         try:
             abandoned = service.run(shutdown.DEADLINE)
@@ -179,9 +177,9 @@ def agent(config_path: str | None, **flags: object) -> None:
             service.rearm()
         except (ConfigError, SourceError, StatusError, MetricsError) as err:
             raise click.ClickException(str(err)) from None
-        if stopping.is_set() or not reload.is_set():
+        # Two SIGHUPs close together end two runs, the second at once: a reload each.
+        if stopping.is_set():
             break
-        reload.clear()
         try:
             service.config = _config(config_path, **flags)
             log.info("config reloaded: %s", service.config.describe())

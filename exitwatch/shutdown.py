@@ -5,10 +5,14 @@ takes its signals (on_signals).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
+
+log = logging.getLogger(__name__)
 
 # SIGTERM (or SIGINT) to exit, as exitwatch(8) promises; the unit's TimeoutStopSec is
 # well above it, so systemd never has to SIGKILL an agent that keeps it.
@@ -25,28 +29,42 @@ def on_signals(actions: Mapping[signal.Signals, Callable[[], None]]) -> None:
     """From now on, run `actions[sig]()` on a thread of its own each time `sig` comes.
 
     A Python handler runs on the main thread, between two of its bytecodes, wherever it is:
-    inside a queue.Queue or threading.Event call there, a handler that takes the same lock
-    again hangs for good; and a signal that lands just before the main thread blocks in a
-    lock waits for it to wake. The interpreter's C handler writes the signal's number to the
-    wakeup fd at once, and the thread that reads it acts with nothing of the main thread's
-    held. The handlers themselves do nothing.
+    one that sets a threading.Event while that thread is inside the same Event's clear() or
+    wait() takes the Event's lock again and hangs for good; and a signal that lands just
+    before the main thread blocks in a lock or a queue is handled only when that wait ends.
+    The interpreter's C handler writes the signal's number to the wakeup fd at once, and
+    the thread that reads it acts with nothing of the main thread's held. The handlers
+    themselves do nothing.
     """
     wake, woken = os.pipe()
     os.set_blocking(woken, False)
-    # Before the handlers: a signal that comes between the two is not lost.
+    # Before the handlers: once a handler is in place, its signal must find the fd.
     signal.set_wakeup_fd(woken, warn_on_full_buffer=False)
+    # A child forked without exec (the sources' self-test) keeps the handlers: its signals
+    # must not be acted on here.
+    os.register_at_fork(after_in_child=_forget_wakeup_fd)
     for sig in actions:
         signal.signal(sig, _noop)
+    by_number = {int(sig): action for sig, action in actions.items()}
 
     def take() -> None:
-        while True:
-            for number in os.read(wake, 64):
-                action = actions.get(signal.Signals(number))
-                if action is not None:
+        while numbers := os.read(wake, 64):
+            for number in numbers:
+                action = by_number.get(number)
+                if action is None:
+                    continue
+                try:
                     action()
+                except Exception:  # the next signal must still be taken
+                    log.exception("acting on signal %d failed", number)
 
     threading.Thread(target=take, name="exitwatch-signals", daemon=True).start()
 
 
 def _noop(*_: object) -> None:
     pass
+
+
+def _forget_wakeup_fd() -> None:
+    with contextlib.suppress(ValueError):  # forked from a thread other than the main one
+        signal.set_wakeup_fd(-1)

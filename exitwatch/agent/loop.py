@@ -83,8 +83,7 @@ class Agent:
         self._queue.put(item)
 
     def stop(self) -> None:
-        """Ask run() to return; callable from any thread. Not from a signal handler: one
-        that runs while the loop's thread is inside the queue would wait on it for good."""
+        """Ask run() to return; callable from any thread or a signal handler."""
         self._queue.put(_STOP)
 
     def ask(self, fn: Callable[[], object]) -> object:

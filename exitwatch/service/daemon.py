@@ -65,8 +65,9 @@ class Service:
         shutdown.on_signals)."""
         self._stop_at = time.monotonic()
         self._stop_requested.set()
-        if self._agent is not None:
-            self._agent.stop()
+        agent = self._agent  # once: run() may set it to None between two reads
+        if agent is not None:
+            agent.stop()
 
     def rearm(self) -> None:
         """Forget a stop that has been handled, before run() is called again (a reload).

@@ -12,20 +12,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The main thread holds the queue's lock, blocked in a read, when SIGTERM comes: a Python
-# handler would run there, inside the read, and its put() would wait on that lock for good.
+# The main thread holds an Event's own lock, as inside its clear() or wait(), blocked in a
+# read when SIGTERM comes: a Python handler would run there, inside the read, and its set()
+# would wait on that lock for good.
 HELD = r"""
-import os, queue, signal, sys
+import os, signal, threading
 from exitwatch import shutdown
-q = queue.Queue()
+stopped = threading.Event()
 def stop():
     os.write(1, b"called\n")
-    q.put("stopped")
+    stopped.set()
 shutdown.on_signals({signal.SIGTERM: stop})
-with q.mutex:
+with stopped._cond:
     os.write(1, b"ready\n")
     os.read(0, 1)
-os.write(1, (q.get(timeout=30) + "\n").encode())
+if stopped.wait(30):
+    os.write(1, b"stopped\n")
 """
 
 
@@ -43,7 +45,11 @@ def _lines(proc: subprocess.Popen, want: int, timeout: float = 30.0) -> list[str
 def test_an_action_runs_while_the_main_thread_holds_what_it_needs() -> None:
     env = os.environ | {"PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", HELD], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", HELD],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        bufsize=0,  # select() sees what readline() has not read
     )
     try:
         assert _lines(proc, 1) == ["ready"]
@@ -61,7 +67,7 @@ def test_an_action_runs_while_the_main_thread_holds_what_it_needs() -> None:
 
 # Each signal comes in turn: a second one of another kind, or of the same, is acted on too.
 SEVERAL = r"""
-import os, signal, sys, threading
+import os, signal, threading
 from exitwatch import shutdown
 said = threading.Semaphore(0)
 def say(what):
@@ -78,7 +84,9 @@ for _ in range(3):
 
 def test_each_signal_is_acted_on_in_turn() -> None:
     env = os.environ | {"PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", SEVERAL], env=env, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SEVERAL], env=env, stdout=subprocess.PIPE, bufsize=0
+    )
     try:
         assert _lines(proc, 1) == ["ready"]
         for sig, said in [(signal.SIGHUP, "hup"), (signal.SIGTERM, "term"), (signal.SIGHUP, "hup")]:

@@ -171,7 +171,10 @@ os.write(1, b"ready\n")
 typed = b""
 while b"quit" not in typed:
     if 0 in select.select([0, wake], [], [])[0]:
-        typed += os.read(0, 4096)
+        line = os.read(0, 4096)
+        if not line:  # the terminal hung up
+            break
+        typed += line
     else:
         os.read(wake, 4096)
 os.write(1, f"total {n}\n".encode())

@@ -679,6 +679,7 @@ def test_start_falls_back_to_rescanning_when_inotify_fails(
     assert keys(snap) == {str(before)}
     # With watches refused, inotify's first walk has sent a Snapshot already, and the first
     # rescan sends its own: a workdir made before that rescan would be in it, not Found.
+    # (With no inotify at all, the rescan's is the only one.)
     wait_for(lambda: kind.discovery.startswith("rescans every"), what="the first rescan")
     assert all(keys(c) == {str(before)} for c in changes.seen if isinstance(c, Snapshot))
 

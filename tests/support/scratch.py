@@ -30,7 +30,9 @@ ENV = "EXITWATCH_TEST_SCRATCH"
 
 def make() -> Path:
     """Make the directory, marked as this process's, and point TMPDIR at it."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-suite-", dir="/tmp"))
+    # Short: what the tests make below it holds unix sockets, whose paths hold 107 bytes, and
+    # `exitwatch run` wants its socket's base under dirs.SOCKET_BASE_MAX.
+    top = Path(tempfile.mkdtemp(prefix="exitwatch-t-", dir="/tmp"))
     # Traversable: the tests' unprivileged users work in directories below it.
     os.chmod(top, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     mark_workdir(top)

@@ -309,6 +309,42 @@ def test_self_test_failure_is_a_source_error():
         self_test(Deaf, timeout=0.2)
 
 
+class _Lossy(PollSource):
+    """Says hints were lost and reports no exit, on each of its first `losses` instances."""
+
+    made = 0
+
+    def __init__(self, losses: int) -> None:
+        super().__init__(interval=0.05)
+        type(self).made += 1
+        self.lossy = type(self).made <= losses
+
+    def start(self, emit):
+        if not self.lossy:
+            return super().start(emit)
+        emit(Lost("a test's overflow"))
+        return super().start(lambda hint: None)  # the exit is lost
+
+
+@pytest.mark.parametrize("losses", [1, 2])
+def test_a_self_test_whose_exit_was_lost_is_made_again(losses):
+    class Lossy(_Lossy):
+        made = 0
+
+    self_test(lambda: Lossy(losses), timeout=2)
+    assert Lossy.made == losses + 1
+
+
+def test_a_self_test_that_loses_every_exit_is_a_source_error():
+    class Lossy(_Lossy):
+        made = 0
+
+    lost = r"exit hint of 3 self-tests was lost \(a test's overflow\)"
+    with pytest.raises(SourceError, match=lost):
+        self_test(lambda: Lossy(99), timeout=0.2)
+    assert Lossy.made == 3
+
+
 def in_child_as_nobody(fn):
     """Run `fn` in a forked child with root's privileges dropped; return what it printed."""
     r, w = os.pipe()

@@ -40,7 +40,11 @@ def test_a_given_up_workdir_is_removed_by_the_next_reconcile(engine, workroot, t
         assert path.exists()
         _chattr("-i", pinned)
         wait_gone(engine, paths=[path])
-        doc = agent.status()
+        # Counted once the removal has returned, which is after the path went.
+        doc = wait_for(
+            lambda: (d := agent.status())["counters"].get("reaped_workdir") and d,
+            what="the removal counted",
+        )
         counters = doc["counters"]
         assert counters["reconcile_missed"] >= 1, counters
         assert counters["reconciles"] >= 2, counters

@@ -206,7 +206,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def workroot() -> Iterator[Path]:
-    """A fresh workdir root of the test's own under /tmp (short: socket paths live there)."""
+    """A fresh workdir root of the test's own, in the scratch directory (support/scratch.py)."""
     root = Path(tempfile.mkdtemp(prefix="exitwatch-root-"))
     yield root
     shutil.rmtree(root, ignore_errors=True)

@@ -102,7 +102,7 @@ class Adopt:
 
 
 def short_dir(prefix: str = "exitwatch-adopt-") -> Path:
-    """A fresh root-owned directory under /tmp, short enough for socket paths."""
+    """A fresh root-owned directory in the scratch directory, short enough for socket paths."""
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 

@@ -19,10 +19,10 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from urllib.parse import urlsplit
 
 import h11
 
+from exitwatch.kinds.docker.host import DEFAULT_HOST, socket_path
 from exitwatch.runner import relay
 from exitwatch.runner.policy import Owned, Policy, Refuse
 from exitwatch.runner.reader import Budget, Reader
@@ -30,7 +30,6 @@ from exitwatch.runner.responses import Responses
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ENGINE = "/var/run/docker.sock"
 BACKLOG = 128
 ACCEPT_PAUSE = 0.05  # seconds before accepting again after accept() failed
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # mallopt(3)
@@ -48,12 +47,10 @@ def engine_path(env: Mapping[str, str]) -> str:
     Raises ProxyError for an engine that is not a unix socket: a tcp:// engine may need TLS
     that the proxy would have to terminate and speak again, and an ssh:// one a tunnel.
     """
-    host = env.get("DOCKER_HOST", "").strip()
-    if not host:
-        return DEFAULT_ENGINE
-    url = urlsplit(host)
-    if url.scheme == "unix" and url.path:
-        return url.path
+    host = env.get("DOCKER_HOST", "").strip() or DEFAULT_HOST
+    path = socket_path(host)
+    if path is not None:
+        return path
     raise ProxyError(
         f"DOCKER_HOST={host}: only an engine on a unix socket (unix://PATH) can be proxied"
     )

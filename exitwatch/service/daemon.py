@@ -14,9 +14,9 @@ from exitwatch.agent.audit import AuditLog
 from exitwatch.agent.loop import Agent
 from exitwatch.agent.record import Recorder
 from exitwatch.kinds.base import ResourceKind
+from exitwatch.kinds.docker.host import socket_path
 from exitwatch.kinds.docker.kind import KIND as CONTAINER
 from exitwatch.kinds.docker.kind import Containers
-from exitwatch.kinds.docker.unixhttp import socket_path
 from exitwatch.kinds.hooks.kind import Hooks
 from exitwatch.kinds.processes.kind import Processes
 from exitwatch.kinds.workdirs.kind import Workdirs

@@ -19,7 +19,7 @@ import pytest
 
 import exitwatch
 from exitwatch.kinds.docker import engine as engine_client
-from exitwatch.kinds.docker import unixhttp
+from exitwatch.kinds.docker import host, unixhttp
 from exitwatch.kinds.docker.engine import Engine, EngineError, engine_error, json_array
 from exitwatch.kinds.docker.kind import Containers
 
@@ -72,9 +72,9 @@ def test_no_engine_is_an_os_error(tmp_path):
 
 
 def test_a_url_that_is_not_a_unix_socket_is_refused_by_every_call() -> None:
-    assert unixhttp.socket_path("unix:///run/docker.sock") == "/run/docker.sock"
+    assert host.socket_path("unix:///run/docker.sock") == "/run/docker.sock"
     for url in ("tcp://127.0.0.1:2375", "ssh://host", "unix://", "/run/docker.sock"):
-        assert unixhttp.socket_path(url) is None
+        assert host.socket_path(url) is None
     kind = Containers("tcp://127.0.0.1:2375")
     problem = kind.ping()
     assert problem is not None and "tcp://127.0.0.1:2375" in problem and "unix://" in problem

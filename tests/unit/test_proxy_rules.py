@@ -21,6 +21,8 @@ from exitwatch.runner.routes import Refused, Route, build_target, clean_path, re
 def test_engine_path() -> None:
     assert engine_path({}) == "/var/run/docker.sock"
     assert engine_path({"DOCKER_HOST": "unix:///run/x.sock"}) == "/run/x.sock"
+    # As the agent reads it (kinds/docker/host.py): the same socket for the same URL.
+    assert engine_path({"DOCKER_HOST": "unix://var/run/docker.sock"}) == "/var/run/docker.sock"
     for host in ("tcp://127.0.0.1:2375", "ssh://me@host", "unix://"):
         with pytest.raises(ProxyError, match="only an engine on a unix socket"):
             engine_path({"DOCKER_HOST": host})

@@ -17,7 +17,6 @@ from urllib.parse import quote, urlencode
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.kinds.docker.unixhttp import EngineRefused, NotFound, Stream, request
 
-DEFAULT_HOST = "unix:///var/run/docker.sock"
 # Read size for the container listing: some twenty containers' worth at a time, so its
 # decoding never holds much more than one chunk and the item being built.
 LISTING_CHUNK = 64 * 1024

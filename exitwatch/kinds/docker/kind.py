@@ -16,7 +16,6 @@ from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, Resourc
 from exitwatch.kinds.discovery import Discovery, stopped, wait
 from exitwatch.kinds.docker import compose, networks
 from exitwatch.kinds.docker.engine import (
-    DEFAULT_HOST,
     ENGINE_ERRORS,
     Engine,
     EngineError,
@@ -25,7 +24,7 @@ from exitwatch.kinds.docker.engine import (
     engine_error,
     name_of,
 )
-from exitwatch.kinds.docker.unixhttp import socket_path
+from exitwatch.kinds.docker.host import DEFAULT_HOST, socket_path
 from exitwatch.owner import Owner, OwnerError, death
 
 log = logging.getLogger(__name__)

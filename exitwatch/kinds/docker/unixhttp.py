@@ -31,14 +31,6 @@ class NotFound(EngineRefused):
     """404: no such container, network or volume (or API path)."""
 
 
-def socket_path(url: str) -> str | None:
-    """The path of a unix:// engine URL; None for any other (tcp://, ssh://, ...). As
-    docker-py has it, unix://var/run/docker.sock is /var/run/docker.sock."""
-    scheme, _, rest = url.strip().partition("://")
-    path = "/" + rest.lstrip("/")
-    return path if scheme == "unix" and path != "/" else None
-
-
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float | None) -> None:
         super().__init__("localhost", timeout=timeout)

@@ -162,9 +162,6 @@ ONE_PASS = {
 }
 
 
-_SCRATCH = pytest.StashKey[Path]()
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--pass",
@@ -177,16 +174,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     # Before any test makes a directory; an xdist worker inherits TMPDIR with its environment.
     if not hasattr(config, "workerinput") and scratch.ENV not in os.environ:
-        config.stash[_SCRATCH] = scratch.make()
+        scratch.make()
     # xdist 3.5 and later hand out the files with the most tests first: 3.8 (the venv's) unless
     # told not to, as here; 3.5 to 3.7 always (Debian 13's 3.6.1); 3.1 (Debian 12's) never.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if top := config.stash.get(_SCRATCH, None):
-        scratch.remove(top)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

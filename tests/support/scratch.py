@@ -14,6 +14,7 @@ make their directories there.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -29,7 +30,8 @@ ENV = "EXITWATCH_TEST_SCRATCH"
 
 
 def make() -> Path:
-    """Make the directory, marked as this process's, and point TMPDIR at it."""
+    """Make the directory, marked as this process's, point TMPDIR at it, and have it removed
+    when this process exits."""
     # Short: what the tests make below it holds unix sockets, whose paths hold 107 bytes, and
     # `exitwatch run` wants its socket's base under dirs.SOCKET_BASE_MAX.
     top = Path(tempfile.mkdtemp(prefix="exitwatch-t-", dir="/tmp"))
@@ -38,10 +40,13 @@ def make() -> Path:
     mark_workdir(top)
     os.environ[ENV] = os.environ["TMPDIR"] = str(top)
     tempfile.tempdir = None  # read TMPDIR again
+    # At exit, and registered first so that it runs last: pytest 7 cleans its basetemp, which
+    # lies below, in an atexit callback of its own.
+    atexit.register(_remove, top)
     return top
 
 
-def remove(top: Path) -> None:
+def _remove(top: Path) -> None:
     """Remove the directory, unless something is still mounted below it: a removal would go
     through the mount into what it shows."""
     with open("/proc/self/mountinfo") as f:

@@ -12,12 +12,11 @@ from exitwatch.kinds.processes.kind import KIND
 
 from support.agentproc import Agent, running
 from support.procs import wait_for
-from support.runs import WRAPPER, FakeRun, Proc, other_agents
+from support.runs import CONTESTED_TRIES, WRAPPER, FakeRun, Proc, other_agents
 
 # A shell that ran `eval "$(exitwatch labels --format env)"`: the owner alone, no run.
 _SHELL = WRAPPER.replace('EXITWATCH_RUN="$owner" ', "")
 DEADLINE = 30.0  # for a correct agent on a loaded machine, not a measure of its speed
-ATTEMPTS = 8  # of a case another agent on the host may win (a coin toss each, at worst)
 
 
 def _holding(agent: Agent, run: FakeRun, n: int) -> None:
@@ -69,7 +68,7 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
         # Another agent with the process kind (a real one, another session's) kills the
         # same leftovers, and may be first: then the case is made again, a few times, and
         # this agent must kill one itself.
-        for _ in range(ATTEMPTS):
+        for _ in range(CONTESTED_TRIES):
             dead, live = FakeRun(attacker), FakeRun(attacker)
             runs += [dead, live]
             # Carrying the dead run's owner: a root process (the variable kept through
@@ -85,7 +84,7 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
             if not _beaten(agent, killed):
                 break
         else:
-            raise AssertionError(f"other agents killed all {ATTEMPTS} leftovers first")
+            raise AssertionError(f"other agents killed all {CONTESTED_TRIES} leftovers first")
         assert killed["owner"] == str(dead.owner) and killed["death"]
         refused = _recorded(agent, rooted, refused=True)
         assert f"are not the run's uid {attacker.pw_uid}" in refused["result"]
@@ -98,7 +97,7 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
         probe = FakeRun(attacker)  # seen only by a rescan that came after the carrier
         runs.append(probe)
         _holding(agent, probe, 1)
-        for _ in range(ATTEMPTS):
+        for _ in range(CONTESTED_TRIES):
             late = dead.carrier(attacker)
             wait_for(late.ended, timeout=DEADLINE, what="the late leftover killed")
             try:  # a few rescans: one that never saw it (killed by another) records nothing
@@ -108,7 +107,7 @@ def test_dead_runs_leftovers_are_killed_and_nobody_elses(
             if not _beaten(agent, entry):
                 break
         else:
-            raise AssertionError(f"other agents killed all {ATTEMPTS} late leftovers first")
+            raise AssertionError(f"other agents killed all {CONTESTED_TRIES} late leftovers first")
 
         assert not live.leftover.ended()
         _holding(agent, live, 1)

@@ -81,6 +81,11 @@ class FakeRun:
             proc.wait()
 
 
+# Tries of a case that another agent on the host may spoil by killing its processes first
+# (a coin toss each, at worst).
+CONTESTED_TRIES = 8
+
+
 def other_agents(but: int | None = None) -> list[str]:
     """The exitwatch agents and reaps on the host other than process `but`. The process kind
     is host-wide: each of them with it kills a dead run's leftovers too, and may get there

@@ -25,10 +25,8 @@ from exitwatch.kinds.processes.table import KIND, PF_KTHREAD
 from exitwatch.owner import Owner, owner_of
 
 from support.procs import wait_for
-from support.runs import FakeRun, Proc, other_agents
+from support.runs import CONTESTED_TRIES, FakeRun, Proc, other_agents
 from support.users import setpriv_argv as _as
-
-ATTEMPTS = 8  # of a case another agent on the host may spoil
 
 
 class _Spoilt(Exception):
@@ -39,14 +37,14 @@ def _contested(case: Callable[[], None]) -> None:
     """Make `case` until no other agent spoils it. The process kind is host-wide: another
     agent with it (an installed one, with its 1 s rescans) kills a dead run's leftovers too,
     and often first. Only with one there may a case be spoilt: else it is this kind's fault."""
-    for _ in range(ATTEMPTS):
+    for _ in range(CONTESTED_TRIES):
         try:
             return case()
         except (_Spoilt, ProcessLookupError, psutil.NoSuchProcess) as err:
             # A process this test made, gone before the kind was asked: only a killer
             # outside the test can have done that.
             assert other_agents(), f"{err!r}, with no other agent on the host"
-    raise AssertionError(f"other agents spoilt all {ATTEMPTS} tries of the case")
+    raise AssertionError(f"other agents spoilt all {CONTESTED_TRIES} tries of the case")
 
 
 def _unspoilt(*made: Proc) -> None:

@@ -159,15 +159,9 @@ def agent(config_path: str | None, **flags: object) -> None:
     from exitwatch.sources import SourceError
 
     service = Service(config, started=time.time())
-    stopping = threading.Event()
-
-    def on_stop() -> None:
-        stopping.set()
-        service.stop()
-
     # A run that ends with no stop asked was ended by SIGHUP: the config is read again.
     shutdown.on_signals(
-        {signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: service.stop}
+        {signal.SIGTERM: service.stop, signal.SIGINT: service.stop, signal.SIGHUP: service.reload}
     )
     while True:
         try:
@@ -178,10 +172,11 @@ def agent(config_path: str | None, **flags: object) -> None:
         except (ConfigError, SourceError, StatusError, MetricsError) as err:
             raise click.ClickException(str(err)) from None
         # Two SIGHUPs close together end two runs, the second at once: a reload each.
-        if stopping.is_set():
+        if service.stopping.is_set():
             break
         try:
             service.config = _config(config_path, **flags)
+            logs.setup(service.config.log_format)
             log.info("config reloaded: %s", service.config.describe())
         except click.ClickException as err:
             log.error("config not reloaded, the running one stays: %s", err.message)

@@ -59,10 +59,25 @@ class Service:
         self._agent: Agent | None = None
         self._stop_requested = threading.Event()
         self._stop_at = 0.0
+        # Set by stop() for good: no reload runs after it, and systemd is told STOPPING=1.
+        self.stopping = threading.Event()
+        # Whether the run ends for a reload: systemd is then told RELOADING=1, not
+        # STOPPING=1, which it takes for a stop it did not ask, ended with SIGKILL.
+        self._reloading = False
 
     def stop(self) -> None:
-        """Make run() return; callable from any thread (not a signal handler: see
-        shutdown.on_signals)."""
+        """Make run() return, and the process end; callable from any thread (not a signal
+        handler: see shutdown.on_signals)."""
+        self.stopping.set()
+        self._end_run()
+
+    def reload(self) -> None:
+        """Make run() return for another run() with the config read again; callable from
+        any thread (not a signal handler)."""
+        self._reloading = True
+        self._end_run()
+
+    def _end_run(self) -> None:
         self._stop_at = time.monotonic()
         self._stop_requested.set()
         agent = self._agent  # once: run() may set it to None between two reads
@@ -70,8 +85,9 @@ class Service:
             agent.stop()
 
     def rearm(self) -> None:
-        """Forget a stop that has been handled, before run() is called again (a reload).
-        A stop() after this makes the next run() return at once."""
+        """Forget a reload that has been handled, before run() is called again. A stop() or
+        reload() after this makes the next run() return at once."""
+        self._reloading = False
         self._stop_requested.clear()
 
     def run(self, deadline: float) -> int:
@@ -123,7 +139,13 @@ class Service:
                 agent.stop()
             self.notifier.send(f"READY=1\nSTATUS=following exits with {source.name}")
             agent.run()
-            self.notifier.send("STOPPING=1")
+            if self._reloading and not self.stopping.is_set():
+                # The same process runs on; READY=1 at the next run() ends the reload
+                # (sd_notify(3): RELOADING=1 with the time it began).
+                usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+                self.notifier.send(f"RELOADING=1\nMONOTONIC_USEC={usec}")
+            else:
+                self.notifier.send("STOPPING=1")
             # No one is served while the removals under way finish: they get the time.
             while closers:
                 closers.pop()()

@@ -19,6 +19,7 @@ from exitwatch.kinds.docker.kind import KIND as CONTAINER
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.kinds.hooks.kind import Hooks
 from exitwatch.kinds.processes.kind import Processes
+from exitwatch.kinds.processes.table import KIND as PROCESS
 from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.service.config import Config, ConfigError
 from exitwatch.service.status import build
@@ -126,8 +127,7 @@ class Service:
             if config.metrics_addr:
                 from exitwatch.service.metrics import Metrics
 
-                docker = kinds[CONTAINER]
-                metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, docker))
+                metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, kinds))
                 recorder.observe = metrics.observe
                 closers.append(metrics.close)
             server = StatusServer(
@@ -164,9 +164,10 @@ class Service:
                 audit.close()
 
 
-def _metrics_state(agent: Agent, docker: ResourceKind) -> dict:
+def _metrics_state(agent: Agent, kinds: dict[str, ResourceKind]) -> dict:
     counters = agent.counters()
-    health = docker.health()
+    health = kinds[CONTAINER].health()
+    processes = kinds[PROCESS].health() if PROCESS in kinds else {}
     return {
         **counters,
         **agent.ask(agent.gauges),  # a wedged loop fails the scrape rather than lie
@@ -175,4 +176,5 @@ def _metrics_state(agent: Agent, docker: ResourceKind) -> dict:
         },
         "reconnects": health.get("reconnects", 0),
         "engine_connected": int(bool(health.get("connected"))),
+        "processes_unreadable": processes.get("unreadable", 0),
     }

@@ -75,6 +75,11 @@ GAUGES = {
         "Seconds between periodic reconciles; 0: only at start.",
         "reconcile_interval",
     ),
+    "exitwatch_processes_unreadable": (
+        "Processes whose owner the leftover-process kind could not read at its last rescan "
+        "(no CAP_SYS_PTRACE); 0 while it sees every process, or is off.",
+        "processes_unreadable",
+    ),
 }
 
 

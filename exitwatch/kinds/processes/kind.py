@@ -125,6 +125,10 @@ class Processes(ResourceKind):
                 "failures": self._failures,
                 "failing": self._failing,  # failures in a row now; 0: it works
                 "last_error": self._last_error,
+                # Processes whose owner could not be read at the last rescan (no
+                # CAP_SYS_PTRACE): what this kind cannot see. 0: it sees everything.
+                "unreadable": self._seen.denied(),
+                "last_unreadable": self._seen.last_denied,
             }
 
     def stop(self) -> None:

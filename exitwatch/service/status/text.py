@@ -40,6 +40,11 @@ def render(status: dict) -> str:
         )
     elif rescans:
         out.append(f"  leftover processes: rescanned every {rescans['interval_s']:g} s")
+    if rescans and rescans.get("unreadable"):
+        out.append(
+            f"  leftover processes: BLIND to {rescans['unreadable']} processes, whose owner "
+            f"cannot be read ({rescans.get('last_unreadable')}): give the agent CAP_SYS_PTRACE"
+        )
     counters = status.get("counters")
     if counters:
         out.append(

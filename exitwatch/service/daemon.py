@@ -13,14 +13,8 @@ from exitwatch import __version__
 from exitwatch.agent.audit import AuditLog
 from exitwatch.agent.loop import Agent
 from exitwatch.agent.record import Recorder
+from exitwatch.kinds import registry
 from exitwatch.kinds.base import ResourceKind
-from exitwatch.kinds.docker.host import socket_path
-from exitwatch.kinds.docker.kind import KIND as CONTAINER
-from exitwatch.kinds.docker.kind import Containers
-from exitwatch.kinds.hooks.kind import Hooks
-from exitwatch.kinds.processes.kind import Processes
-from exitwatch.kinds.processes.table import KIND as PROCESS
-from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.service.config import Config, ConfigError
 from exitwatch.service.status import build
 from exitwatch.service.status.server import StatusServer
@@ -31,25 +25,20 @@ log = logging.getLogger(__name__)
 
 
 def make_kinds(config: Config) -> dict[str, ResourceKind]:
-    """The resource kinds, by name.
+    """The kinds that are on, by name, in the registry's order.
 
-    Raises ConfigError for an engine that is not a local socket (DOCKER_HOST may name
-    one): owners of another host carry another boot id, which reads as "rebooted".
-    """
-    containers = Containers(config.docker_host, concurrency=config.engine_concurrency)
-    if socket_path(containers.host) is None:
-        raise ConfigError(
-            "docker_host: expected a local engine's unix:// socket (owners are processes of "
-            f"this host), got {containers.host!r}"
-        )
-    kinds = [
-        containers,
-        Workdirs(config.workdir_roots, config.workdir_depth),
-        Hooks(config.hook_dir),
-    ]
-    if config.kill_leftovers:
-        kinds.append(Processes(config.leftovers_interval))
-    return {kind.kind: kind for kind in kinds}
+    Raises ConfigError for settings that a kind refuses when it is made (an engine that is
+    not a local socket, which DOCKER_HOST may name)."""
+    kinds = {}
+    for reg in registry.KINDS:
+        settings = config.kind(reg.table)
+        if not settings.enabled:
+            continue
+        try:
+            kinds[reg.kind] = reg.make(settings)
+        except ValueError as err:
+            raise ConfigError(f"{reg.table}.{err}") from None
+    return kinds
 
 
 class Service:
@@ -165,16 +154,16 @@ class Service:
 
 
 def _metrics_state(agent: Agent, kinds: dict[str, ResourceKind]) -> dict:
+    """The agent's counters and gauges, and each kind's health (none for a kind that is
+    off), as service/metrics.py reads them."""
     counters = agent.counters()
-    health = kinds[CONTAINER].health()
-    processes = kinds[PROCESS].health() if PROCESS in kinds else {}
     return {
         **counters,
         **agent.ask(agent.gauges),  # a wedged loop fails the scrape rather than lie
         "reaped": {
             k.removeprefix("reaped_"): v for k, v in counters.items() if k.startswith("reaped_")
         },
-        "reconnects": health.get("reconnects", 0),
-        "engine_connected": int(bool(health.get("connected"))),
-        "processes_unreadable": processes.get("unreadable", 0),
+        "health": {
+            reg.kind: kinds[reg.kind].health() for reg in registry.KINDS if reg.kind in kinds
+        },
     }

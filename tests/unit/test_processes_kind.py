@@ -45,7 +45,7 @@ def test_a_failing_rescan_is_tried_again_and_shown_in_health(monkeypatch):
 
 def test_kill_leftovers_false_has_no_process_kind():
     assert isinstance(make_kinds(Config())[KIND], Processes)
-    assert KIND not in make_kinds(Config(kill_leftovers=False))
+    assert KIND not in make_kinds(Config().updated({"kill_leftovers": False}))
 
 
 def _carrier() -> subprocess.Popen:

@@ -1,4 +1,4 @@
-"""The command line: the agent's side (agent, reap, status); runner/cli.py has the runner's."""
+"""The command line: the agent's side (agent, reap, status); run/cli.py has the runner's."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import click
 from exitwatch import __version__, procfs, shutdown
 from exitwatch.contract import HOOK_DIR
 from exitwatch.kinds.workdirs import DEPTH
-from exitwatch.runner.cli import labels, mark, on_death_cmd, run
+from exitwatch.run.cli import labels, mark, on_death_cmd, run
 from exitwatch.service import logs
 from exitwatch.service.config import DEFAULT_PATH, Adopt, Config, ConfigError, load
 from exitwatch.sources import MODES
@@ -321,8 +321,8 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
     except ConfigError as err:
         raise click.ClickException(str(err)) from None
     logs.setup(config.log_format)
-    from exitwatch.runner.adopt import AdoptError, Settings, serve
-    from exitwatch.runner.proxy import ProxyError, engine_path
+    from exitwatch.adopt.service import AdoptError, Settings, serve
+    from exitwatch.proxy.server import ProxyError, engine_path
 
     agents = config.kind("containers").docker_host  # the agent's engine
     url = config.adopt.docker_host or agents or os.environ.get("DOCKER_HOST", "")

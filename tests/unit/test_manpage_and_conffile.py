@@ -152,7 +152,7 @@ def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_pa
 
 
 def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
-    from exitwatch.runner.supervise import SETUP_FAILED
+    from exitwatch.run.supervise import SETUP_FAILED
 
     page = _manpage_module().render("exitwatch-run.1")
     run_cmd = cli.commands["run"]

@@ -1,4 +1,4 @@
-"""The run's directories (runner/dirs.py, the rule runner/safedir.py's) as any user can try
+"""The run's directories (run/dirs.py, the rule proxy/safedir.py's) as any user can try
 them: the rule on modes and symlinks, the choice of bases, and that the socket, the marker
 and the removal go through the descriptors held, whatever is renamed meanwhile.
 system/test_run_dirs.py has the rule against another user's directories;
@@ -16,8 +16,9 @@ import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.owner import owner_of
-from exitwatch.runner import dirs, safedir
-from exitwatch.runner.proxy import listen
+from exitwatch.proxy import safedir
+from exitwatch.proxy.server import listen
+from exitwatch.run import dirs
 
 OWNER = owner_of()
 

@@ -5,7 +5,7 @@ Root's run may be given a user's XDG_RUNTIME_DIR and TMPDIR (`su` without `-`), 
 who can rename what the run makes there can put a directory of theirs in its place: root's
 client then talks to the user's socket, root's CMD writes into the user's files. So a base
 directory is used only when no other user can rename or replace anything on its path (the
-rule is safedir.py's, which `exitwatch adopt`'s socket follows too). Otherwise `/tmp`,
+rule is proxy/safedir.py's, which `exitwatch adopt`'s socket follows too). Otherwise `/tmp`,
 checked the same way.
 
 The directories are made through the base's descriptor; the socket is bound, the marker
@@ -27,7 +27,7 @@ from exitwatch.contract import mark_workdir
 from exitwatch.kinds import fsops
 from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner
-from exitwatch.runner.safedir import Base, Unsafe, open_base
+from exitwatch.proxy.safedir import Base, Unsafe, open_base
 
 FALLBACK = "/tmp"
 PREFIX = "exitwatch-run-"

@@ -164,8 +164,8 @@ def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
     CMD's Docker clients are pointed at a socket of the run's that labels what they create;
     its TMPDIR is a fresh marked directory. Exits with CMD's status (128+N for signal N).
     """
-    from exitwatch.runner.supervise import SETUP_FAILED, RunError, Settings
-    from exitwatch.runner.supervise import run as supervise
+    from exitwatch.run.supervise import SETUP_FAILED, RunError, Settings
+    from exitwatch.run.supervise import run as supervise
 
     # What the removal code warns of, the wrapper says itself: once, as a line of its own.
     logging.getLogger("exitwatch.kinds").setLevel(logging.ERROR)

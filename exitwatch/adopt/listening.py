@@ -11,7 +11,7 @@ said in one line; one's own socket is unlinked at a clean stop.
 
 The file never grants more than the engine's own socket does: it takes its owner, group
 and mode (root:docker 0660 on Debian). Its directory must be one that nobody but root can
-rename or replace anything in (safedir.py): else a user could put a socket of theirs
+rename or replace anything in (proxy/safedir.py): else a user could put a socket of theirs
 where root's clients would send it their secrets.
 """
 
@@ -25,7 +25,7 @@ import stat
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
-from exitwatch.runner import safedir
+from exitwatch.proxy import safedir
 
 SD_LISTEN_FDS_START = 3
 BACKLOG = 4096  # clients queued while the service starts or restarts (somaxconn caps it)

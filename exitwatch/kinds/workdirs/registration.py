@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from exitwatch.kinds.base import Registration
 from exitwatch.kinds.workdirs import DEPTH
-from exitwatch.kinds.workdirs.kind import Workdirs
-from exitwatch.kinds.workdirs.tree import KIND
+from exitwatch.kinds.workdirs.kind import KIND, Workdirs
 
 
 @dataclass(frozen=True)

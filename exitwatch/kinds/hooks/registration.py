@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from exitwatch.contract import HOOK_DIR
 from exitwatch.kinds.base import Registration
-from exitwatch.kinds.hooks.file import KIND
-from exitwatch.kinds.hooks.kind import Hooks
+from exitwatch.kinds.hooks.kind import KIND, Hooks
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ import threading
 from exitwatch.agent.loop import Agent
 from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds.base import Resource, Snapshot
-from exitwatch.kinds.processes.kind import Processes
-from exitwatch.kinds.processes.table import KIND
+from exitwatch.kinds.processes.kind import KIND, Processes
 from exitwatch.owner import owner_of
 from exitwatch.service.config import Config
 from exitwatch.service.daemon import make_kinds

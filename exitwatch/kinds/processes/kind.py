@@ -29,10 +29,12 @@ from exitwatch.kinds.base import (
     ResourceKind,
     Snapshot,
 )
-from exitwatch.kinds.processes.table import FULL_EVERY, KIND, PF_KTHREAD, Table, exited
+from exitwatch.kinds.processes.table import FULL_EVERY, PF_KTHREAD, Table, exited
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
+
+KIND = "process"
 
 RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching thread
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
@@ -48,7 +50,7 @@ class Processes(ResourceKind):
 
     def __init__(self, interval: float = RESCAN_INTERVAL) -> None:
         self.interval = interval
-        self._seen = Table()
+        self._seen = Table(KIND)
         self._discovery = discovery.Discovery("process discovery", "exitwatch-processes")
         self._lock = threading.Lock()  # the counters below, read by status
         self._rescans = self._failures = self._failing = 0

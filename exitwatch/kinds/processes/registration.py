@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exitwatch.kinds.base import Metric, Registration
-from exitwatch.kinds.processes.kind import RESCAN_INTERVAL, Processes
-from exitwatch.kinds.processes.table import KIND
+from exitwatch.kinds.processes.kind import KIND, RESCAN_INTERVAL, Processes
 
 
 @dataclass(frozen=True)

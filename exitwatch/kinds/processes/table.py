@@ -25,7 +25,6 @@ from exitwatch.owner import Owner, OwnerError, current_boot_id, death
 
 log = logging.getLogger(__name__)
 
-KIND = "process"
 # Every FULL_EVERY-th rescan reads every process's identity again; the others read only new
 # pids. A new process nearly always has a new pid, and one idle listing of /proc costs far
 # less than a read per process (14 ms of CPU a second on a host of 1,000 processes). What a
@@ -47,7 +46,8 @@ class Table:
     never changed in place, under one lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # of the resources it finds: the process kind's KIND
         self.lock = threading.Lock()
         # pid -> (procfs.identity, the Resource, None when not a run's, or DENIED)
         self.procs: dict[int, tuple[tuple, Resource | str | None]] = {}
@@ -121,7 +121,7 @@ class Table:
             log.debug("process %d: %s=%r: %s; ignored", stat.pid, ENV_OWNER, value, err)
             return None
         key = f"{stat.pid}:{stat.starttime}"
-        return Resource(KIND, key, owner, name=f"process {stat.pid} ({stat.comm})")
+        return Resource(self.kind, key, owner, name=f"process {stat.pid} ({stat.comm})")
 
     def _denied(self, stat: procfs.Stat, err: Exception) -> str:
         what = f"process {stat.pid} ({stat.comm}): {err}"

@@ -50,12 +50,16 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml | apt
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q --upgrade -e '.[test]' ruff
+	$(VPY) -m pip install -q --upgrade -e '.[test]' ruff mypy
 	touch $@
 
+# mypy checks the modules whose typed dictionaries are the status document, the kinds'
+# health and the gauges (service/status/schema.py), and what builds and serves them, against
+# docs/operations.md's schema; [tool.mypy] in pyproject.toml names them.
 lint: venv
 	$(VENV)/bin/ruff check exitwatch tests bench packaging
 	$(VENV)/bin/ruff format --check exitwatch tests bench packaging
+	$(VENV)/bin/mypy
 
 # The suite twice, side by side: under the newest PyPI libraries (the venv), and under
 # Debian's python3 with bookworm's packages (what the .deb depends on). The files that drive

@@ -6,9 +6,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import TypedDict, TypeVar
 
 from exitwatch import shutdown
 from exitwatch.agent.index import Index
@@ -23,6 +24,7 @@ from exitwatch.owner import Owner, death, describe_status
 from exitwatch.sources.base import Exit, Lost, Source
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ASK_TIMEOUT = 1.0  # how long a status or metrics reader waits for the loop
 LOST_LOG_EVERY = 10.0  # a fork storm can overflow the buffer many times a second
@@ -34,6 +36,17 @@ COUNTERS = (
     # and each kind's own, which its removals move (hook_runs, ...)
     *(key for reg in registry.KINDS for key in reg.counters),
 )
+
+
+class Gauges(TypedDict):
+    """What the metrics' gauges read of the loop (service/metrics.py)."""
+
+    owners: int  # live owners holding resources
+    resources: dict[str, int]  # of live owners, by kind; every kind, held or not
+    pending: int  # removal jobs running or waiting to retry
+    oldest_pending: float  # seconds since the oldest job's owner died, hooks aside
+    last_reconcile: float  # unix time the last one ended; 0 before the first
+    reconcile_interval: float  # 0: only at start
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,7 @@ class Agent:
     def __init__(
         self,
         settings: Settings,
-        kinds: Sequence[ResourceKind],
+        kinds: Iterable[ResourceKind],
         source: Source | None = None,
         recorder: Recorder | None = None,
         watchdog: Callable[[], None] | None = None,
@@ -75,7 +88,7 @@ class Agent:
         self._lost_unlogged = 0
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
         self._rechecks = Rechecks()
-        self._periodic = Periodic(settings.reconcile_interval, kinds)
+        self._periodic = Periodic(settings.reconcile_interval, list(self.kinds.values()))
         self._stopped = False
 
     # -- inputs ---------------------------------------------------------------------------
@@ -88,12 +101,12 @@ class Agent:
         """Ask run() to return; callable from any thread or a signal handler."""
         self._queue.put(_STOP)
 
-    def ask(self, fn: Callable[[], object]) -> object:
+    def ask(self, fn: Callable[[], T]) -> T:
         """fn() computed on the loop thread. Raises TimeoutError if the loop is busy or
         has stopped."""
         if self._stopped:
             raise TimeoutError("the agent has stopped")
-        answer: Future = Future()
+        answer: Future[T] = Future()
         self._queue.put(_Ask(fn, answer))
         return answer.result(ASK_TIMEOUT)
 
@@ -119,7 +132,8 @@ class Agent:
     def _stop_parts(self) -> None:
         """Stop the source and the kinds side by side: each may take up to its own deadline
         to join its thread, and one after another they would overrun the shutdown budget."""
-        parts = [*self.kinds.values(), *([self.source] if self.source else [])]
+        parts: list[ResourceKind | Source] = [*self.kinds.values()]
+        parts += [self.source] if self.source else []
         stoppers = [threading.Thread(target=p.stop, daemon=True) for p in parts]
         for stopper in stoppers:
             stopper.start()
@@ -242,8 +256,8 @@ class Agent:
             case Snapshot(kind=kind, resources=resources):
                 self._removals.forget_missing(kind, (r.key for r in resources))
                 self._periodic.replaced(kind)
-                added, emptied = self.index.replace_kind(kind, resources)
-                for owner in emptied:
+                added, left = self.index.replace_kind(kind, resources)
+                for owner in left:
                     self._unwatch(owner)
                 for owner in added:
                     self._admit(owner)
@@ -279,8 +293,8 @@ class Agent:
             # Only the differences are handled: a listing of 100,000 unchanged workdirs
             # costs the loop lookups rather than re-indexing, so exits wait milliseconds.
             for res in snap.resources:
-                key = (res.kind, res.key)
-                if self.index.owner(*key) != res.owner and not self._removals.under_way(key):
+                pair = (res.kind, res.key)
+                if self.index.owner(*pair) != res.owner and not self._removals.under_way(pair):
                     fresh.append(res)
                     self._handle(Found(res))
             listing = {r.key for r in snap.resources}
@@ -377,7 +391,7 @@ class Agent:
         counters["events_lost"] = self.source.lost if self.source else 0
         return counters
 
-    def gauges(self) -> dict:
+    def gauges(self) -> Gauges:
         last = self._periodic.last
         jobs = self._removals.jobs()
         return {

@@ -171,11 +171,12 @@ class ResourceKind(abc.ABC):
     def stop(self) -> None:
         """Stop the watching thread. Idempotent, returns promptly."""
 
-    def health(self) -> dict:
-        """What status shows about this kind's backend (e.g. the Docker endpoint)."""
+    def health(self) -> Mapping[str, Any]:
+        """What status shows about this kind's backend (e.g. the Docker endpoint): a typed
+        dictionary of the kind's, which service/status/schema.py names."""
         return {}
 
-    def scan_health(self, error: Unavailable | None) -> dict:
+    def scan_health(self, error: Unavailable | None) -> Mapping[str, Any]:
         """What a one-shot scan shows about this kind's backend, its scan() having raised
         `error` or not; {} for none."""
         return {}

@@ -93,7 +93,7 @@ class Config:
         """This config with `values` set, by top-level key or by a kind's flat alias
         ("workdir_roots" sets [workdirs] roots); each alias used is told in `notes`, with
         its new spelling. Values are taken as they are: validate() checks them."""
-        top: dict[str, object] = {}
+        top: dict[str, Any] = {}
         tables = dict(self.kinds)
         for key, value in values.items():
             alias = _aliases().get(key)
@@ -191,7 +191,7 @@ _NAMES = {
 }
 
 
-def _coerce(key: str, value: object, of: type = Config, shown: str = "") -> object:
+def _coerce(key: str, value: Any, of: type = Config, shown: str = "") -> object:
     """TOML value → field value of `of`, or ConfigError naming what the key expects."""
     hint = _hints(of)[key]
     want = typing.get_origin(hint) or hint

@@ -17,6 +17,7 @@ from exitwatch.kinds import registry
 from exitwatch.kinds.base import ResourceKind
 from exitwatch.service.config import Config, ConfigError
 from exitwatch.service.status import build
+from exitwatch.service.status.schema import AgentInfo
 from exitwatch.service.status.server import StatusServer
 from exitwatch.service.systemd import Notifier
 from exitwatch.sources import pick
@@ -102,7 +103,7 @@ class Service:
             watchdog=self.notifier.ping,
             watchdog_interval=self.notifier.watchdog_interval,
         )
-        info = {
+        info: AgentInfo = {
             "version": __version__,
             "pid": os.getpid(),
             "started_at": self.started,

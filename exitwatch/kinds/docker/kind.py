@@ -9,10 +9,19 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, LABEL_OWNER_NAME, kept
-from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.kinds.base import (
+    Found,
+    Gone,
+    Notify,
+    Outcome,
+    Resource,
+    ResourceKind,
+    Snapshot,
+    Unavailable,
+)
 from exitwatch.kinds.discovery import Discovery, stopped, wait
 from exitwatch.kinds.docker import compose, networks
 from exitwatch.kinds.docker.engine import (
@@ -80,6 +89,16 @@ def _snapshot(engine: Engine) -> Snapshot:
     return Snapshot(KIND, tuple(r for r in found if r is not None))
 
 
+class DockerHealth(TypedDict, total=False):
+    """The status document's `docker` entry: all four from a running agent, the first two
+    (and last_error when it failed) from a one-shot scan."""
+
+    endpoint: str
+    connected: bool
+    reconnects: int
+    last_error: str | None
+
+
 class Containers(ResourceKind):
     """Containers labelled `exitwatch.owner`; those labelled `exitwatch.keep=true` are exempt.
 
@@ -115,7 +134,7 @@ class Containers(ResourceKind):
             "docker events thread", "exitwatch-docker-events", wake=self._close_stream
         )
 
-    def health(self) -> dict:
+    def health(self) -> DockerHealth:
         return {
             "endpoint": self.host,
             "connected": self.connected,
@@ -123,7 +142,7 @@ class Containers(ResourceKind):
             "last_error": self.last_error,
         }
 
-    def scan_health(self, error: EngineError | None) -> dict:
+    def scan_health(self, error: Unavailable | None) -> DockerHealth:
         if error is None:
             return {"endpoint": self.host, "connected": True}
         return {"endpoint": self.host, "connected": False, "last_error": str(error)}

@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from typing import TypedDict
 
 import psutil
 
@@ -43,6 +44,20 @@ MAX_BACKOFF = 60.0  # the longest wait before another try of a failing rescan
 
 class _Refused(Exception):
     """A safety check leaves the process alone; the message says why."""
+
+
+class ProcessesHealth(TypedDict):
+    """The status document's `processes` entry."""
+
+    interval_s: float
+    rescans: int
+    failures: int
+    failing: int  # failures in a row now; 0: it works
+    last_error: str | None
+    # Processes whose owner could not be read at the last rescan (no CAP_SYS_PTRACE): what
+    # this kind cannot see. 0: it sees everything.
+    unreadable: int
+    last_unreadable: str | None
 
 
 class Processes(ResourceKind):
@@ -119,7 +134,7 @@ class Processes(ResourceKind):
         age = time.clock_gettime(time.CLOCK_BOOTTIME) - starttime / os.sysconf("SC_CLK_TCK")
         return age > (FULL_EVERY + 1) * self.interval
 
-    def health(self) -> dict:
+    def health(self) -> ProcessesHealth:
         with self._lock:
             return {
                 "interval_s": self.interval,
@@ -127,8 +142,6 @@ class Processes(ResourceKind):
                 "failures": self._failures,
                 "failing": self._failing,  # failures in a row now; 0: it works
                 "last_error": self._last_error,
-                # Processes whose owner could not be read at the last rescan (no
-                # CAP_SYS_PTRACE): what this kind cannot see. 0: it sees everything.
                 "unreadable": self._seen.denied(),
                 "last_unreadable": self._seen.last_denied,
             }

@@ -15,7 +15,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from exitwatch.contract import MARKER
 from exitwatch.kinds import fsops
@@ -39,6 +39,12 @@ class _Refused(Exception):
     """A safety check leaves the workdir alone; the message says why."""
 
 
+class WorkdirsHealth(TypedDict):
+    """The status document's `workdirs` entry."""
+
+    discovery: str  # how workdirs are followed now, and why
+
+
 class Workdirs(ResourceKind):
     kind = KIND
 
@@ -53,7 +59,7 @@ class Workdirs(ResourceKind):
         self.discovery = "not started"  # how workdirs are followed now, and why; for status
         self._followed: Tree | None = None  # the discovery thread's, once started
 
-    def health(self) -> dict:
+    def health(self) -> WorkdirsHealth:
         return {"discovery": self.discovery}
 
     # Discovery

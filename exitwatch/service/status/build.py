@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
+from typing import Any, TypedDict, cast
 
 from exitwatch.agent.loop import Agent
 from exitwatch.agent.reconcile import Last, Periodic
@@ -15,6 +16,15 @@ from exitwatch.agent.removals import Pending
 from exitwatch.kinds import registry
 from exitwatch.kinds.base import Resource, ResourceKind, Unavailable
 from exitwatch.owner import Owner, death
+from exitwatch.service.status.schema import (
+    AgentInfo,
+    LastReconcile,
+    OwnerEntry,
+    PendingEntry,
+    ReapEntry,
+    Reconcile,
+    Status,
+)
 
 SCHEMA = 1
 BUSY = "the agent's loop did not answer in time"
@@ -22,12 +32,12 @@ ORDER = tuple(reg.kind for reg in registry.KINDS)  # how an owner's resources ar
 
 
 def of_agent(
-    agent: Agent, kinds: Mapping[str, ResourceKind], recorder: Recorder, info: dict
-) -> dict:
+    agent: Agent, kinds: Mapping[str, ResourceKind], recorder: Recorder, info: AgentInfo
+) -> Status:
     """The running agent's document. What the index holds is read on the agent's loop
     thread, through ask(); a loop too busy to answer says so rather than stall the client."""
 
-    def held() -> dict:
+    def held() -> _Held:
         index = agent.index
         return {
             "owners": [_owner(o, index.resources(o)) for o in sorted(index.owners())],
@@ -35,31 +45,46 @@ def of_agent(
             "reconcile": _reconcile(agent.periodic),
         }
 
-    try:
-        body = agent.ask(held)
-    except TimeoutError:
-        body = {"owners": [], "pending": [], "busy": BUSY}
-    health = {  # of each kind that is on and shows one
-        reg.health_key: kinds[reg.kind].health()
-        for reg in registry.KINDS
-        if reg.health_key and reg.kind in kinds
-    }
-    return {
+    doc: Status = {
         "schema": SCHEMA,
         "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
-        **health,
-        **body,
-        "reaps": [asdict(r) for r in recorder.reaps()],
-        "counters": agent.counters(),
+        "owners": [],
+        "pending": [],
     }
+    _health(doc, {name: kind.health() for name, kind in kinds.items()})
+    try:
+        body = agent.ask(held)
+        doc |= {"owners": body["owners"], "pending": body["pending"]}
+        doc["reconcile"] = body["reconcile"]
+    except TimeoutError:
+        doc["busy"] = BUSY
+    doc["reaps"] = [cast(ReapEntry, asdict(r)) for r in recorder.reaps()]
+    doc["counters"] = agent.counters()
+    return doc
 
 
-def of_scan(kinds: Mapping[str, ResourceKind]) -> dict:
+class _Held(TypedDict):
+    """What the index holds, read on the agent's loop thread."""
+
+    owners: list[OwnerEntry]
+    pending: list[PendingEntry]
+    reconcile: Reconcile
+
+
+def _health(doc: Status, health: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each kind's health entry, under the key it declares: a kind's own typed dictionary,
+    which schema.Status names, so the checker sees it only through the kind."""
+    for reg in registry.KINDS:
+        if reg.health_key and reg.kind in health:
+            cast(dict, doc)[reg.health_key] = health[reg.kind]
+
+
+def of_scan(kinds: Mapping[str, ResourceKind]) -> Status:
     """What a one-shot scan finds, read-only: live owners, and orphans waiting. A kind that
     cannot be listed is one line in `not_listed`, or, when what it lists from does not
     answer (the engine), its health entry says so; the markers the walk warned of are
     counted, not shown."""
-    health: dict[str, dict] = {}
+    health: dict[str, Mapping[str, Any]] = {}
     held: dict[Owner, list[Resource]] = {}
     skipped, unlisted = 0, []
     for reg in registry.KINDS:
@@ -74,64 +99,67 @@ def of_scan(kinds: Mapping[str, ResourceKind]) -> dict:
         except (OSError, ValueError) as err:  # a spool a user may not list, say
             unlisted.append(f"{kind.kind}s: {err}")
             continue
-        if reg.health_key and (shown := kind.scan_health(error)):
-            health[reg.health_key] = shown
+        if shown := kind.scan_health(error):
+            health[reg.kind] = shown
         if error is not None:
             continue
         skipped += snapshot.skipped
         for res in snapshot.resources:
             held.setdefault(res.owner, []).append(res)
-    owners, pending = [], []
+    owners: list[OwnerEntry] = []
+    pending: list[PendingEntry] = []
     for owner in sorted(held):
         why = death(owner)
         if why is None:
             owners.append(_owner(owner, held[owner]))
         else:
             pending.append(_pending(owner, why, held[owner]))
-    return {
+    doc: Status = {
         "schema": SCHEMA,
         "agent": None,
-        **health,
         "owners": owners,
         "pending": pending,
         "skipped_markers": skipped,
         "not_listed": unlisted,
     }
+    _health(doc, health)
+    return doc
 
 
-def _owner(owner: Owner, held: Iterable[Resource]) -> dict:
+def _owner(owner: Owner, held: Iterable[Resource]) -> OwnerEntry:
     """A live owner and what it holds, each kind's under its table's name."""
     of: dict[str, list[Resource]] = {kind: [] for kind in ORDER}
     for res in held:
         of.setdefault(res.kind, []).append(res)
     named = sorted({r.owner_name for rs in of.values() for r in rs if r.owner_name})
-    return {
+    entry = {
         "owner": str(owner),
         "pid": owner.pid,
         # What the owner is, as its resources say (exitwatch adopt's "container NAME").
         "name": "; ".join(named) or None,
         **{reg.table: reg.held(of[reg.kind]) for reg in registry.KINDS},
     }
+    return cast(OwnerEntry, entry)  # one key per kind's table: registry.KINDS
 
 
-def _pending(owner: Owner, why: str, held: Iterable[Resource]) -> dict:
+def _pending(owner: Owner, why: str, held: Iterable[Resource]) -> PendingEntry:
     """A dead owner's resources waiting for their removal."""
     rank = {kind: i for i, kind in enumerate(ORDER)}
     order = sorted(held, key=lambda r: (rank.get(r.kind, len(ORDER)), r.name or r.key))
     return {"owner": str(owner), "death": why, "what": [r.name or r.key for r in order]}
 
 
-def _job(pending: Pending) -> dict:
+def _job(pending: Pending) -> PendingEntry:
     """A removal job of the agent's: running, waiting to retry, or given up."""
     job = pending.job
     item = _pending(job.owner, job.death, job.resources)
-    item |= {"kind": job.kind.kind, "attempt": job.attempt, "state": pending.state}
+    item["kind"], item["attempt"], item["state"] = job.kind.kind, job.attempt, pending.state
     if pending.due is not None:
         item["retry_in_s"] = round(max(0.0, pending.due - time.monotonic()), 1)
     return item
 
 
-def _reconcile(periodic: Periodic) -> dict:
+def _reconcile(periodic: Periodic) -> Reconcile:
     """The interval, the last reconcile, and when the next is due."""
     next_in = periodic.next_in(time.monotonic())
     return {
@@ -142,7 +170,7 @@ def _reconcile(periodic: Periodic) -> dict:
     }
 
 
-def _last(last: Last) -> dict:
+def _last(last: Last) -> LastReconcile:
     if last.run == 0:
         return {"at": round(last.at, 3), "run": 0, "start_up": True}
     return {

@@ -11,7 +11,8 @@ import selectors
 import socket
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class StatusServer:
     call into the agent, which bounds its own wait.
     """
 
-    def __init__(self, path: str, snapshot: Callable[[], dict]) -> None:
+    def __init__(self, path: str, snapshot: Callable[[], Mapping[str, Any]]) -> None:
         self.path = path
         self._snapshot = snapshot
         self._sock = _bind(path)

@@ -17,7 +17,6 @@ import click
 
 from exitwatch import __version__, procfs, shutdown
 from exitwatch.contract import HOOK_DIR
-from exitwatch.kinds.workdirs import DEPTH
 from exitwatch.run.cli import labels, mark, on_death_cmd, run
 from exitwatch.service import logs
 from exitwatch.service.config import DEFAULT_PATH, Adopt, Config, ConfigError, load
@@ -49,7 +48,7 @@ _roots = click.option(
 _depth = _option(
     "--workdir-depth",
     type=click.IntRange(1, 16),
-    help=f"How many levels below a root a workdir may be [default: {DEPTH}].",
+    help="How many levels below a root a workdir may be [default: [workdirs] depth of the config].",
 )
 _docker_host = _option(
     "--docker-host", metavar="URL", help="Docker engine URL (default: DOCKER_HOST, or the socket)."

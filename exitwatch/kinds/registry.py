@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from exitwatch.kinds.base import Registration
 from exitwatch.kinds.docker import registration as containers
+from exitwatch.kinds.docker.kind import DockerHealth
 from exitwatch.kinds.hooks import registration as hooks
 from exitwatch.kinds.processes import registration as processes
+from exitwatch.kinds.processes.kind import ProcessesHealth
 from exitwatch.kinds.workdirs import registration as workdirs
+from exitwatch.kinds.workdirs.kind import WorkdirsHealth
+
+# The kinds' health entries of the status document, for service/status/schema.py.
+__all__ = ["KINDS", "DockerHealth", "ProcessesHealth", "WorkdirsHealth", "by_kind"]
 
 KINDS: tuple[Registration, ...] = (
     containers.REGISTRATION,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exitwatch.kinds.base import Registration
-from exitwatch.kinds.workdirs import DEPTH
 from exitwatch.kinds.workdirs.kind import KIND, Workdirs
 
 
@@ -18,7 +17,7 @@ class Settings:
     """Remove the workdirs marked (a .exitwatch-owner file) by a dead owner."""
     roots: tuple[str, ...] = ("/tmp", "/var/tmp")
     """Directories under which marked workdirs are looked for."""
-    depth: int = DEPTH
+    depth: int = 3
     """How many levels below a root a workdir may be."""
 
     def checks(self) -> dict[str, tuple[bool, str]]:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-from exitwatch.kinds.docker.kind import DockerHealth
-from exitwatch.kinds.processes.kind import ProcessesHealth
-from exitwatch.kinds.workdirs.kind import WorkdirsHealth
+from exitwatch.kinds.registry import DockerHealth, ProcessesHealth, WorkdirsHealth
 
 
 class AgentInfo(TypedDict):

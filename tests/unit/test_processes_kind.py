@@ -10,9 +10,9 @@ import threading
 
 from exitwatch.agent.loop import Agent
 from exitwatch.contract import ENV_OWNER, ENV_RUN
-from exitwatch.kinds.base import Resource, Snapshot
+from exitwatch.kinds.base import Found, Resource, Snapshot
 from exitwatch.kinds.processes.kind import KIND, Processes
-from exitwatch.owner import owner_of
+from exitwatch.owner import Owner, owner_of
 from exitwatch.service.config import Config
 from exitwatch.service.daemon import make_kinds
 
@@ -38,6 +38,27 @@ def test_a_failing_rescan_is_tried_again_and_shown_in_health(monkeypatch):
         health = kind.health()
         assert health["failures"] == 2 and health["failing"] == 0
         assert health["rescans"] >= 1 and "injected" in health["last_error"]
+    finally:
+        kind.stop()
+
+
+def test_a_process_whose_exec_changed_its_owner_is_found_again(monkeypatch):
+    """`env EXITWATCH_OWNER=B EXITWATCH_RUN=B cmd` in a process of run A keeps its pid and
+    start time (its key) and names another owner: the index must move it at once, not
+    when a reconcile counts it as missed."""
+    kind = Processes(interval=0.05)
+    me = owner_of()
+    other = Owner(me.boot_id, me.pid, me.starttime + 1)
+    before = Resource(KIND, "4242:17", me, name="process 4242 (sh)")
+    after = Resource(KIND, "4242:17", other, name="process 4242 (cmd)")
+    listings = iter([{before.key: before}, {after.key: after}])
+    monkeypatch.setattr(kind._seen, "rescan", lambda full=True: next(listings, {after.key: after}))
+    changes: list = []
+    kind.start(changes.append)
+    try:
+        wait_for(lambda: Found(after) in changes, what="the process under its new owner")
+        assert changes[0] == Snapshot(KIND, (before,))
+        assert changes.count(Found(after)) == 1
     finally:
         kind.stop()
 

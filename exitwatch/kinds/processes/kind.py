@@ -97,8 +97,10 @@ class Processes(ResourceKind):
                 else:
                     for key in before.keys() - now.keys():
                         notify(Gone(KIND, key))
-                    for key in now.keys() - before.keys():
-                        notify(Found(now[key]))
+                    # New, or changed: an exec that named another owner keeps the key.
+                    for key, res in now.items():
+                        if before.get(key) != res:
+                            notify(Found(res))
                 before = now
             except Exception as err:
                 with self._lock:

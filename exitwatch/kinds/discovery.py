@@ -1,6 +1,10 @@
 """A kind's discovery thread: started with a stop pipe, stopped within a deadline, and the
 wait its loop makes between looks. Every kind follows its resources this way: the Docker
-events stream, the workdir roots, the hook spool and the process table."""
+events stream, the workdir roots, the hook spool and the process table.
+
+And what a kind's loop is made of: a Listing turns each listing into what `notify` is told
+(a Snapshot first, then Found and Gone).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,10 @@ import logging
 import os
 import select
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from exitwatch import shutdown
+from exitwatch.kinds.base import Found, Gone, Notify, Resource, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +72,36 @@ def wait(stop_fd: int, fd: int | None, timeout: float | None) -> bool:
         poller.register(fd, select.POLLIN)
     ready = poller.poll(None if timeout is None else timeout * 1000)
     return any(r == stop_fd for r, _ in ready)
+
+
+class Listing:
+    """What a discovery thread has told of one kind's resources, by key: its first listing
+    is told as a Snapshot, each later one as the Gone, then the Found (new or changed),
+    that make the difference. Used by that thread alone."""
+
+    def __init__(self, kind: str, notify: Notify) -> None:
+        self.kind, self.notify = kind, notify
+        self.known: dict[str, Resource] | None = None  # None: nothing told yet
+
+    def report(self, found: Mapping[str, Resource], keys: Iterable[str] | None = None) -> None:
+        """Tell of `found`, the resources now by key: where `keys` are given, `found` is a
+        listing of those keys alone (one directory looked at again), and only they may
+        have changed."""
+        known = self.known
+        if known is None:
+            self.known = dict(found)
+            self.notify(Snapshot(self.kind, tuple(found[k] for k in sorted(found))))
+            return
+        if keys is None:
+            gone = [k for k in known if k not in found]
+            changed = [k for k, res in found.items() if known.get(k) != res]
+        else:
+            keys = list(keys)
+            gone = [k for k in keys if k not in found and k in known]
+            changed = [k for k in keys if k in found and known.get(k) != found[k]]
+        for key in gone:
+            del known[key]
+            self.notify(Gone(self.kind, key))
+        for key in changed:
+            known[key] = found[key]
+            self.notify(Found(found[key]))

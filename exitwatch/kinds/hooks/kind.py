@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from exitwatch.contract import HOOK_MAX_TIMEOUT
 from exitwatch.kinds import discovery, inotify
-from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.kinds.base import Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.kinds.fsops import printable
 from exitwatch.kinds.hooks import spawn
 from exitwatch.kinds.hooks.file import (
@@ -102,7 +102,7 @@ class Hooks(ResourceKind):
         or the next whole listing, and everything is checked again before a hook runs);
         an entry that did not change is never read again."""
         spool = self._spool
-        known: dict[str, Hook] | None = None
+        listing = discovery.Listing(KIND, notify)
         changed: set[str] | None = None  # None: list the whole spool
         ino = None
         try:
@@ -137,16 +137,8 @@ class Hooks(ResourceKind):
                             log.exception("listing the hook spool failed; trying again")
                     failing = True
                     spool.reset()  # what it knew may be half updated
-                    found = known or {}
-                if known is None:
-                    notify(Snapshot(KIND, tuple(found[n] for n in sorted(found))))
-                else:
-                    for name in known.keys() - found.keys():
-                        notify(Gone(KIND, name))
-                    for name, hook in found.items():
-                        if known.get(name) != hook:
-                            notify(Found(hook))
-                known = found
+                    found = listing.known or {}
+                listing.report(found)
                 if ino is None or failing:
                     if discovery.wait(stop_fd, None, POLL_INTERVAL):
                         return

@@ -21,15 +21,7 @@ import psutil
 from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds import discovery
-from exitwatch.kinds.base import (
-    Found,
-    Gone,
-    Notify,
-    Outcome,
-    Resource,
-    ResourceKind,
-    Snapshot,
-)
+from exitwatch.kinds.base import Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.kinds.processes.table import FULL_EVERY, PF_KTHREAD, Table, exited
 from exitwatch.owner import Owner
 
@@ -85,23 +77,14 @@ class Processes(ResourceKind):
         # refusal audited) once, not at every rescan. A rescan that fails is tried again,
         # later each time (up to MAX_BACKOFF), and shown in health(); the first of a run
         # of failures is logged whole, the rest in a line each.
-        before: dict[str, Resource] | None = None
+        listing = discovery.Listing(KIND, notify)
         wait = 0.0
         rescans = 0
         while not discovery.wait(stop_fd, None, wait):
             try:
                 now = self._seen.rescan(full=rescans % FULL_EVERY == 0)
                 rescans += 1
-                if before is None:
-                    notify(Snapshot(KIND, tuple(now.values())))
-                else:
-                    for key in before.keys() - now.keys():
-                        notify(Gone(KIND, key))
-                    # New, or changed: an exec that named another owner keeps the key.
-                    for key, res in now.items():
-                        if before.get(key) != res:
-                            notify(Found(res))
-                before = now
+                listing.report(now)
             except Exception as err:
                 with self._lock:
                     self._failures += 1

@@ -11,13 +11,13 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Protocol
 
 from exitwatch.contract import MARKER
 from exitwatch.kinds import fsops, inotify
-from exitwatch.kinds.base import Found, Gone, Notify, Resource, Snapshot
-from exitwatch.kinds.discovery import wait
+from exitwatch.kinds.base import Notify, Resource
+from exitwatch.kinds.discovery import Listing, wait
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
 
 
 def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
-    known: dict[str, Resource] | None = None
+    listing = Listing(kind, notify)
     while True:
         started = time.monotonic()
         try:
@@ -139,11 +139,7 @@ def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> No
         except Exception:  # the last fallback: it must not die, or no workdir is seen again
             log.exception("workdir rescan failed, trying again")
         else:
-            if known is None:
-                known = found
-                notify(Snapshot(kind, tuple(found[p] for p in sorted(found))))
-            else:
-                _report(kind, notify, known, found, known.keys() | found.keys())
+            listing.report(found)
         took = time.monotonic() - started
         every = min(POLL_MAX, max(POLL_INTERVAL, took / RESCAN_SHARE))
         mode(f"{every:.3g} s (the last took {took:.3g} s)")
@@ -161,10 +157,10 @@ class _Watcher:
     """
 
     def __init__(self, tree: Tree, kind: str, notify: Notify, stop_fd: int) -> None:
-        self.tree, self.kind, self.notify, self.stop_fd = tree, kind, notify, stop_fd
+        self.tree, self.stop_fd = tree, stop_fd
         self.watched = 0  # watches added, to look for a stop every STOP_EVERY of them
         self.ino = inotify.Inotify()
-        self.known: dict[str, Resource] = {}
+        self.listing = Listing(kind, notify)
         self.visited: set[str] = set()
         self.redo: dict[str, int] = {}  # directories whose walk failed, by depth
         self.recheck_at = 0.0
@@ -179,10 +175,8 @@ class _Watcher:
         or reported by inotify after. Markers read in the first walk are not read again
         (the tree remembers them while their stat stays).
         """
-        self.known = self.tree.walk_roots(None)
-        self.notify(Snapshot(self.kind, tuple(self.known[p] for p in sorted(self.known))))
-        found = self.tree.walk_roots(self.watch)
-        _report(self.kind, self.notify, self.known, found, self.known.keys() | found.keys())
+        self.listing.report(self.tree.walk_roots(None))
+        self.listing.report(self.tree.walk_roots(self.watch))
 
     def watch(self, fd: int, path: str, depth: int) -> None:
         # The watching walk comes after the Snapshot, when a stop is likely (an agent
@@ -265,22 +259,4 @@ class _Watcher:
             if p not in self.visited:
                 self.ino.unwatch(p)
                 self.tree.forget(p)
-        _report(self.kind, self.notify, self.known, found, set(before) | self.visited)
-
-
-def _report(
-    kind: str,
-    notify: Notify,
-    known: dict[str, Resource],
-    found: dict[str, Resource],
-    paths: Iterable[str],
-) -> None:
-    """Report how `found` differs from `known` at `paths`, and bring `known` up to date."""
-    for path in paths:
-        res = found.get(path)
-        if res is None:
-            if known.pop(path, None) is not None:
-                notify(Gone(kind, path))
-        elif known.get(path) != res:
-            known[path] = res
-            notify(Found(res))
+        self.listing.report(found, set(before) | self.visited)

@@ -3,7 +3,8 @@ wait its loop makes between looks. Every kind follows its resources this way: th
 events stream, the workdir roots, the hook spool and the process table.
 
 And what a kind's loop is made of: a Listing turns each listing into what `notify` is told
-(a Snapshot first, then Found and Gone).
+(a Snapshot first, then Found and Gone); Rescans lists again and again, counting, logging
+and spacing out the failures.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import logging
 import os
 import select
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import TypedDict
 
 from exitwatch import shutdown
 from exitwatch.kinds.base import Found, Gone, Notify, Resource, Snapshot
@@ -105,3 +108,106 @@ class Listing:
         for key in changed:
             known[key] = found[key]
             self.notify(Found(found[key]))
+
+
+# How long rescans wait before the next pass: given how long the last took and how many
+# failed in a row (0: it succeeded), the seconds.
+Pause = Callable[[float, int], float]
+
+
+def every(seconds: float) -> Pause:
+    """The same pause after every pass."""
+    return lambda took, failing: seconds
+
+
+def backoff(seconds: float, most: float) -> Pause:
+    """`seconds` after a pass that succeeded; after failures, twice as long for each
+    failure in a row, up to `most`."""
+    return lambda took, failing: min(seconds * 2**failing, most) if failing else seconds
+
+
+class RescansHealth(TypedDict):
+    """What health() tells of a kind's rescans."""
+
+    rescans: int  # passes that succeeded
+    failures: int
+    failing: int  # failures in a row now; 0: it works
+    last_error: str | None
+
+
+class Rescans:
+    """A kind's rescans: list, tell the Listing, pause, until a stop, which ends a pause at
+    once. A failure is counted (health()) and logged, never raised: the first of a run of
+    them whole (with its traceback if it is not `expected`), each one after in a line of
+    its own (unless not `repeat`: then the first alone), and the listing is tried again
+    after the pause. The counters may be read from any thread."""
+
+    def __init__(
+        self,
+        what: str,
+        pause: Pause,
+        logger: logging.Logger,
+        expected: tuple[type[Exception], ...] = (OSError,),
+        repeat: bool = True,
+    ) -> None:
+        self.what = what  # for people, first in every line: "leftover processes"
+        self.pause = pause
+        self._log = logger  # the kind's: the lines name it
+        self._expected = expected
+        self._repeat = repeat
+        self._lock = threading.Lock()
+        self._rescans = self._failures = self._failing = 0
+        self._last_error: str | None = None
+        self.next = 0.0  # seconds from the last pass to the next
+
+    def health(self) -> RescansHealth:
+        with self._lock:
+            return {
+                "rescans": self._rescans,
+                "failures": self._failures,
+                "failing": self._failing,
+                "last_error": self._last_error,
+            }
+
+    def run(
+        self, stop_fd: int, look: Callable[[], Mapping[str, Resource]], listing: Listing
+    ) -> None:
+        """Pass after pass, the first at once, until `stop_fd` is readable."""
+        self.next = 0.0
+        while not wait(stop_fd, None, self.next):
+            self.once(look, listing)
+
+    def once(self, look: Callable[[], Mapping[str, Resource]], listing: Listing) -> bool:
+        """One pass: what look() lists told to `listing`; whether it succeeded. Sets
+        `next`, the pause before the next."""
+        started = time.monotonic()
+        try:
+            listing.report(look())
+        except Exception as err:  # it must not die, or nothing is seen again
+            with self._lock:
+                self._failures += 1
+                self._failing += 1
+                self._last_error = f"{type(err).__name__}: {err}"
+                failing = self._failing
+            self.next = self.pause(time.monotonic() - started, failing)
+            self._said(err, failing)
+            return False
+        with self._lock:
+            self._rescans += 1
+            self._failing = 0
+        self.next = self.pause(time.monotonic() - started, 0)
+        return True
+
+    def _said(self, err: Exception, failing: int) -> None:
+        if failing == 1 and isinstance(err, self._expected):
+            self._log.warning("%s: a rescan failed: %s; again in %.0f s", self.what, err, self.next)
+        elif failing == 1:  # a bug: said with its traceback
+            self._log.exception("%s: a rescan failed; again in %.0f s", self.what, self.next)
+        elif self._repeat:
+            self._log.warning(
+                "%s: rescan failed %d times in a row: %s; again in %.0f s",
+                self.what,
+                failing,
+                err,
+                self.next,
+            )

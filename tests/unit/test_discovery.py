@@ -1,11 +1,21 @@
 """The discovery toolkit on its own (exitwatch/kinds/discovery.py): a listing told as a
-Snapshot, then as the changes between listings."""
+Snapshot, then as the changes between listings; rescans that count, log and space out
+their failures, and stop at once."""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import time
+
+import pytest
+
 from exitwatch.kinds.base import Found, Gone, Resource, Snapshot
-from exitwatch.kinds.discovery import Listing
+from exitwatch.kinds.discovery import Listing, Rescans, backoff, every
 from exitwatch.owner import Owner
+
+log = logging.getLogger("test.discovery")
 
 A = Owner("boot", 100, 1)
 B = Owner("boot", 200, 2)
@@ -58,3 +68,91 @@ def test_a_key_gone_that_was_never_told_is_not_told_gone():
     listing.report({})
     listing.report({}, ["never"])
     assert told == [Snapshot("thing", ())]
+
+
+def test_backoff_doubles_each_failure_in_a_row_up_to_the_most():
+    pause = backoff(1.0, 60.0)
+    assert [pause(0.0, n) for n in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert backoff(90.0, 60.0)(0.0, 0) == 90.0  # a pass that succeeded waits its interval
+    assert every(1.0)(5.0, 3) == 1.0
+
+
+def _flaky(fails: int, then: dict) -> object:
+    calls: list = []
+
+    def look() -> dict:
+        calls.append(None)
+        if len(calls) <= fails:
+            raise OSError(f"injected {len(calls)}")
+        return then
+
+    return look
+
+
+def test_failures_are_counted_and_logged_whole_once_then_a_line_each(caplog):
+    rescans = Rescans("things", backoff(1.0, 60.0), log)
+    listing, told = _listing()
+    look = _flaky(3, {"a": _res("a")})
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        assert [rescans.once(look, listing) for _ in range(3)] == [False] * 3
+        assert rescans.next == 8.0
+        assert rescans.health() == {
+            "rescans": 0,
+            "failures": 3,
+            "failing": 3,
+            "last_error": "OSError: injected 3",
+        }
+        assert rescans.once(look, listing) and rescans.next == 1.0
+    assert told == [Snapshot("thing", (_res("a"),))]
+    assert rescans.health() | {"last_error": None} == {
+        "rescans": 1,
+        "failures": 3,
+        "failing": 0,
+        "last_error": None,
+    }
+    assert [r.getMessage() for r in caplog.records] == [
+        "things: a rescan failed: injected 1; again in 2 s",
+        "things: rescan failed 2 times in a row: injected 2; again in 4 s",
+        "things: rescan failed 3 times in a row: injected 3; again in 8 s",
+    ]
+
+
+def test_an_unexpected_failure_comes_with_its_traceback_and_without_repeat_once(caplog):
+    rescans = Rescans("things", every(1.0), log, expected=(KeyError,), repeat=False)
+    listing, told = _listing()
+
+    def broken() -> dict:
+        raise RuntimeError("a bug")
+
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        for _ in range(3):
+            rescans.once(broken, listing)
+    assert [(r.getMessage(), bool(r.exc_info)) for r in caplog.records] == [
+        ("things: a rescan failed; again in 1 s", True)
+    ]
+    assert rescans.health()["failing"] == 3 and told == []
+
+
+@pytest.fixture
+def stop_pipe():
+    r, w = os.pipe()
+    yield r, w
+    os.close(r)
+    os.close(w)
+
+
+def test_run_passes_until_the_stop_which_ends_a_pause_at_once(stop_pipe):
+    stop_r, stop_w = stop_pipe
+    rescans = Rescans("things", every(60.0), log)
+    listing, told = _listing()
+    thread = threading.Thread(target=rescans.run, args=(stop_r, lambda: {}, listing))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not told and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert told == [Snapshot("thing", ())]  # the first pass comes at once
+    asked = time.monotonic()
+    os.write(stop_w, b"x")
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - asked < 5
+    assert rescans.health()["rescans"] == 1

@@ -12,7 +12,6 @@ import errno
 import logging
 import os
 import signal
-import threading
 import time
 from typing import TypedDict
 
@@ -59,9 +58,8 @@ class Processes(ResourceKind):
         self.interval = interval
         self._seen = Table(KIND)
         self._discovery = discovery.Discovery("process discovery", "exitwatch-processes")
-        self._lock = threading.Lock()  # the counters below, read by status
-        self._rescans = self._failures = self._failing = 0
-        self._last_error: str | None = None
+        pause = discovery.backoff(interval, MAX_BACKOFF)
+        self._rescans = discovery.Rescans("leftover processes", pause, log)
 
     # Discovery
 
@@ -75,41 +73,16 @@ class Processes(ResourceKind):
     def _follow(self, notify: Notify, stop_fd: int) -> None:
         # A Snapshot first, then only changes: a refused leftover is reported (and its
         # refusal audited) once, not at every rescan. A rescan that fails is tried again,
-        # later each time (up to MAX_BACKOFF), and shown in health(); the first of a run
-        # of failures is logged whole, the rest in a line each.
-        listing = discovery.Listing(KIND, notify)
-        wait = 0.0
-        rescans = 0
-        while not discovery.wait(stop_fd, None, wait):
-            try:
-                now = self._seen.rescan(full=rescans % FULL_EVERY == 0)
-                rescans += 1
-                listing.report(now)
-            except Exception as err:
-                with self._lock:
-                    self._failures += 1
-                    self._failing += 1
-                    self._last_error = f"{type(err).__name__}: {err}"
-                    failing = self._failing
-                wait = min(self.interval * 2**failing, MAX_BACKOFF)
-                if failing == 1 and isinstance(err, OSError):  # /proc cannot be read now
-                    log.warning(
-                        "leftover processes: a rescan failed: %s; again in %.0f s", err, wait
-                    )
-                elif failing == 1:  # a bug: said with its traceback
-                    log.exception("leftover processes: a rescan failed; again in %.0f s", wait)
-                else:
-                    log.warning(
-                        "leftover processes: rescan failed %d times in a row: %s; again in %.0f s",
-                        failing,
-                        err,
-                        wait,
-                    )
-                continue
-            with self._lock:
-                self._rescans += 1
-                self._failing = 0
-            wait = self.interval
+        # later each time (up to MAX_BACKOFF), and shown in health().
+        passes = 0
+
+        def look() -> dict[str, Resource]:
+            nonlocal passes
+            found = self._seen.rescan(full=passes % FULL_EVERY == 0)
+            passes += 1
+            return found
+
+        self._rescans.run(stop_fd, look, discovery.Listing(KIND, notify))
 
     def overdue(self, res: Resource) -> bool:
         """A rescan reads a new pid's environment within an interval, and one that took
@@ -120,16 +93,12 @@ class Processes(ResourceKind):
         return age > (FULL_EVERY + 1) * self.interval
 
     def health(self) -> ProcessesHealth:
-        with self._lock:
-            return {
-                "interval_s": self.interval,
-                "rescans": self._rescans,
-                "failures": self._failures,
-                "failing": self._failing,  # failures in a row now; 0: it works
-                "last_error": self._last_error,
-                "unreadable": self._seen.denied(),
-                "last_unreadable": self._seen.last_denied,
-            }
+        return {
+            "interval_s": self.interval,
+            **self._rescans.health(),
+            "unreadable": self._seen.denied(),
+            "last_unreadable": self._seen.last_denied,
+        }
 
     def stop(self) -> None:
         self._discovery.stop()

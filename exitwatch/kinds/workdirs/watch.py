@@ -17,7 +17,7 @@ from typing import Protocol
 from exitwatch.contract import MARKER
 from exitwatch.kinds import fsops, inotify
 from exitwatch.kinds.base import Notify, Resource
-from exitwatch.kinds.discovery import Listing, wait
+from exitwatch.kinds.discovery import Listing, Rescans, wait
 
 log = logging.getLogger(__name__)
 
@@ -129,22 +129,15 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
 
 
 def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
-    listing = Listing(kind, notify)
-    while True:
-        started = time.monotonic()
-        try:
-            found = tree.walk_roots(None)
-        except OSError as err:
-            log.warning("workdir rescan failed, trying again: %s", err)
-        except Exception:  # the last fallback: it must not die, or no workdir is seen again
-            log.exception("workdir rescan failed, trying again")
-        else:
-            listing.report(found)
-        took = time.monotonic() - started
+    # A rescan takes at most RESCAN_SHARE of the time between two, failed or not; status
+    # is told the pause.
+    def pace(took: float, failing: int) -> float:
         every = min(POLL_MAX, max(POLL_INTERVAL, took / RESCAN_SHARE))
         mode(f"{every:.3g} s (the last took {took:.3g} s)")
-        if wait(stop_fd, None, every):
-            return
+        return every
+
+    rescans = Rescans("workdir discovery", pace, log)
+    rescans.run(stop_fd, lambda: tree.walk_roots(None), Listing(kind, notify))
 
 
 class _Watcher:

@@ -4,7 +4,8 @@ events stream, the workdir roots, the hook spool and the process table.
 
 And what a kind's loop is made of: a Listing turns each listing into what `notify` is told
 (a Snapshot first, then Found and Gone); Rescans lists again and again, counting, logging
-and spacing out the failures.
+and spacing out the failures; inotify_else_rescans follows with inotify, and with rescans
+where inotify cannot be used or fails.
 """
 
 from __future__ import annotations
@@ -75,6 +76,38 @@ def wait(stop_fd: int, fd: int | None, timeout: float | None) -> bool:
         poller.register(fd, select.POLLIN)
     ready = poller.poll(None if timeout is None else timeout * 1000)
     return any(r == stop_fd for r, _ in ready)
+
+
+class Fallback(Exception):
+    """inotify cannot follow a kind's resources (any more): rescans must; the message says
+    why."""
+
+
+class Stopped(Exception):
+    """The stop was asked for in the middle of a look (a long walk)."""
+
+
+def inotify_else_rescans(
+    what: str, logger: logging.Logger, follow: Callable[[], None], rescan: Callable[[str], None]
+) -> None:
+    """follow() (with inotify) until the stop; where it cannot, or fails, say why and
+    rescan(why) until the stop instead. follow() raises Fallback to say why it cannot, or
+    Stopped when it saw the stop in the middle of a look; any other failure of its is a
+    reason to fall back too, so that the thread never dies."""
+    try:
+        follow()
+        return
+    except Stopped:
+        return
+    except Fallback as err:
+        why = str(err)
+    except OSError as err:
+        why = f"inotify failed: {err.strerror or err}"
+    except Exception:
+        logger.exception("inotify %s failed", what)
+        why = "inotify discovery failed"
+    logger.warning("%s falls back to rescans: %s", what, why)
+    rescan(why)
 
 
 class Listing:

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from exitwatch import contract, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_FILE, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
+from exitwatch.kinds import inotify
 from exitwatch.kinds.base import Found, Gone
 from exitwatch.kinds.hooks import file as hookfile
 from exitwatch.kinds.hooks import spool as hookspool
@@ -347,6 +348,36 @@ def test_following_the_spool_reports_each_change(spool, dead_owner, tmp_path):
         assert changes.empty()
     finally:
         kind.stop()
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["no inotify", "spool moved"])
+def test_without_inotify_the_spool_is_rescanned(spool, dead_owner, monkeypatch, caplog, gone):
+    """No inotify instance to be had, or the spool itself moved away while followed: hook
+    discovery says so once and lists the spool whole every POLL_INTERVAL."""
+    if not gone:
+
+        def refuse(self: object) -> None:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+        monkeypatch.setattr(inotify.Inotify, "__init__", refuse)
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    a, b = hook_id(30), hook_id(31)
+    plant(spool, a, body(dead_owner, ["echo", "a"]))
+    kind.start(changes.put)
+    try:
+        assert [r.key for r in changes.get(timeout=30).resources] == [a]
+        if gone:  # moved away and back: the watch went with it
+            os.rename(spool, f"{spool}.away")
+            os.rename(f"{spool}.away", spool)
+            wait_for(lambda: "falls back" in caplog.text, what="the fallback")
+        plant(spool, b, body(dead_owner, ["echo", "b"]))
+        assert changes.get(timeout=30).resource.key == b
+    finally:
+        kind.stop()
+    fallbacks = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    why = "was removed or moved" if gone else os.strerror(errno.EMFILE)
+    assert len(fallbacks) == 1 and why in fallbacks[0], fallbacks
 
 
 class _FullFdTable:

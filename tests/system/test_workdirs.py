@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
-from exitwatch.kinds import fsops, inotify
+from exitwatch.kinds import discovery, fsops, inotify
 from exitwatch.kinds.base import Change, Found, Gone, Resource, Snapshot
 from exitwatch.kinds.workdirs import tree as workdir_tree
 from exitwatch.kinds.workdirs import watch as workdir_watch
@@ -1020,7 +1020,7 @@ def test_a_stop_ends_the_watching_walk_within_a_thousand_directories(root: Path)
     watcher = workdir_watch._Watcher(tree, "workdir", changes, stop_r)
     try:
         os.write(stop_w, b"x")
-        with pytest.raises(workdir_watch._Stopped):
+        with pytest.raises(discovery.Stopped):
             watcher.sync()
         assert [type(c) for c in changes.seen] == [Snapshot]
         assert len(watcher.ino.dirs) == workdir_watch.STOP_EVERY - 1

@@ -12,7 +12,15 @@ import time
 import pytest
 
 from exitwatch.kinds.base import Found, Gone, Resource, Snapshot
-from exitwatch.kinds.discovery import Listing, Rescans, backoff, every
+from exitwatch.kinds.discovery import (
+    Fallback,
+    Listing,
+    Rescans,
+    Stopped,
+    backoff,
+    every,
+    inotify_else_rescans,
+)
 from exitwatch.owner import Owner
 
 log = logging.getLogger("test.discovery")
@@ -156,3 +164,37 @@ def test_run_passes_until_the_stop_which_ends_a_pause_at_once(stop_pipe):
     thread.join(10)
     assert not thread.is_alive() and time.monotonic() - asked < 5
     assert rescans.health()["rescans"] == 1
+
+
+def _raising(err: Exception) -> object:
+    def follow() -> None:
+        raise err
+
+    return follow
+
+
+@pytest.mark.parametrize(
+    ("err", "why", "traceback"),
+    [
+        (Fallback("inotify watch limit reached"), "inotify watch limit reached", False),
+        (OSError(24, "Too many open files"), "inotify failed: Too many open files", False),
+        (RuntimeError("a bug"), "inotify discovery failed", True),
+    ],
+)
+def test_inotify_that_cannot_follow_falls_back_to_rescans_once_and_says_why(
+    caplog, err, why, traceback
+):
+    rescanned: list[str] = []
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        inotify_else_rescans("thing discovery", log, _raising(err), rescanned.append)
+    assert rescanned == [why]
+    lines = [(r.getMessage(), bool(r.exc_info)) for r in caplog.records]
+    assert lines[-1] == (f"thing discovery falls back to rescans: {why}", False)
+    assert lines[:-1] == ([("inotify thing discovery failed", True)] if traceback else [])
+
+
+def test_inotify_that_follows_until_the_stop_never_rescans(caplog):
+    rescanned: list[str] = []
+    inotify_else_rescans("thing discovery", log, lambda: None, rescanned.append)
+    inotify_else_rescans("thing discovery", log, _raising(Stopped()), rescanned.append)
+    assert rescanned == [] and not caplog.records

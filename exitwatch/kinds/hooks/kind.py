@@ -10,6 +10,7 @@ why.
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import pwd
@@ -96,14 +97,45 @@ class Hooks(ResourceKind):
         self._discovery.stop()
 
     def _follow(self, notify: Notify, stop_fd: int) -> None:
-        """A Snapshot, then Found and Gone as the spool changes. With inotify, the names an
-        event gives are looked at again, not the whole spool (a change that raises no
-        event, a chmod or one inside a hook's directory, is seen at the entry's next event
-        or the next whole listing, and everything is checked again before a hook runs);
-        an entry that did not change is never read again."""
-        spool = self._spool
+        """A Snapshot, then Found and Gone as the spool changes: with inotify (_watch),
+        else with whole listings every POLL_INTERVAL. A listing that fails is said once
+        and tried again every POLL_INTERVAL; what was known stands meanwhile."""
         listing = discovery.Listing(KIND, notify)
-        changed: set[str] | None = None  # None: list the whole spool
+        rescans = discovery.Rescans(
+            "hook discovery",
+            discovery.every(POLL_INTERVAL),
+            log,
+            expected=(OSError, HookError),
+            repeat=False,
+        )
+        discovery.inotify_else_rescans(
+            "hook discovery",
+            log,
+            lambda: self._watch(listing, rescans, stop_fd),
+            lambda why: rescans.run(stop_fd, lambda: self._list(listing), listing),
+        )
+
+    def _watch(self, listing: discovery.Listing, rescans: discovery.Rescans, stop_fd: int) -> None:
+        """With inotify: the names an event gives are looked at again, not the whole spool
+        (a change that raises no event, a chmod or one inside a hook's directory, is seen
+        at the entry's next event or the next whole listing, and everything is checked
+        again before a hook runs); an entry that did not change is never read again."""
+        ino = self._inotify()
+        try:
+            log.info("following hooks in %s with inotify", printable(self.path))
+            changed: set[str] | None = None  # None: list the whole spool
+            while True:
+                if rescans.once(functools.partial(self._list, listing, changed), listing):
+                    changed = self._changed(ino, stop_fd)
+                elif discovery.wait(stop_fd, None, rescans.next):
+                    return
+                else:
+                    changed = None
+        finally:
+            ino.close()
+
+    def _inotify(self) -> inotify.Inotify:
+        """An inotify instance watching the spool; raises discovery.Fallback."""
         ino = None
         try:
             ino = inotify.Inotify()
@@ -112,63 +144,40 @@ class Hooks(ResourceKind):
                 ino.watch(dir_fd, self.path, 0)
             finally:
                 os.close(dir_fd)
-            log.info("following hooks in %s with inotify", printable(self.path))
+            return ino
         except (OSError, HookError) as err:
-            log.warning(
-                "hook discovery falls back to rescans every %gs: %s",
-                POLL_INTERVAL,
-                getattr(err, "strerror", None) or err,
-            )
             if ino is not None:
                 ino.close()
-            ino = None
-        failing = False  # the spool could not be listed; listed whole again soon
+            raise discovery.Fallback(getattr(err, "strerror", None) or str(err)) from None
+
+    def _changed(self, ino: inotify.Inotify, stop_fd: int) -> set[str] | None:
+        """Wait for events, or until a refusal that may not last is due another look; the
+        names to look at again: set() for the due refusals alone (list() adds them), None
+        for the whole spool (events lost, or one without a name). Raises
+        discovery.Stopped, or discovery.Fallback when the spool itself went."""
+        due = self._spool.next_again()
+        timeout = None if due is None else max(0.0, due - time.monotonic())
+        if discovery.wait(stop_fd, ino.fd, timeout):
+            raise discovery.Stopped
+        if due is not None and time.monotonic() >= due:
+            return set()
+        events = ino.read()
+        if any(mask & _SELF_GONE for _, mask, _ in events):
+            raise discovery.Fallback(f"hook spool {printable(self.path)} was removed or moved")
+        changed = {name for _, _, name in events}
+        return None if "" in changed else changed
+
+    def _list(self, listing: discovery.Listing, changed: set[str] | None = None) -> dict[str, Hook]:
+        """Spool.list(changed). When it fails, what the spool knew is forgotten (it may be
+        half updated), and if none succeeded yet, an empty listing is told: the agent's
+        start, which waits for every kind's first listing, does not wait for this one."""
         try:
-            while True:
-                try:
-                    found = spool.list(changed)
-                    failing = False
-                except Exception as err:  # it must not die, or no hook is seen again
-                    # What was known stands: a listing that failed says nothing of the hooks.
-                    if not failing:
-                        if isinstance(err, OSError | HookError):
-                            log.warning("%s; trying again every %gs", err, POLL_INTERVAL)
-                        else:
-                            log.exception("listing the hook spool failed; trying again")
-                    failing = True
-                    spool.reset()  # what it knew may be half updated
-                    found = listing.known or {}
-                listing.report(found)
-                if ino is None or failing:
-                    if discovery.wait(stop_fd, None, POLL_INTERVAL):
-                        return
-                    changed = None
-                    continue
-                # Woken by events, or when a refusal that may not last is due another look.
-                due = spool.next_again()
-                wait = None if due is None else max(0.0, due - time.monotonic())
-                if discovery.wait(stop_fd, ino.fd, wait):
-                    return
-                if due is not None and time.monotonic() >= due:
-                    changed = set()  # the due refusals alone (list() adds them)
-                    continue
-                # Only the names the events give are looked at again; an overflow (events
-                # lost) or an event without a name, the whole spool.
-                events = ino.read()
-                changed = {name for _, _, name in events}
-                if "" in changed:
-                    changed = None
-                if any(mask & _SELF_GONE for _, mask, _ in events):
-                    log.warning(
-                        "hook spool %s was removed or moved; rescanning every %gs",
-                        printable(self.path),
-                        POLL_INTERVAL,
-                    )
-                    ino.close()
-                    ino = None
-        finally:
-            if ino is not None:
-                ino.close()
+            return self._spool.list(changed)
+        except Exception:
+            self._spool.reset()
+            if listing.known is None:
+                listing.report({})
+            raise
 
     # Running ("removal")
 

@@ -17,7 +17,14 @@ from typing import Protocol
 from exitwatch.contract import MARKER
 from exitwatch.kinds import fsops, inotify
 from exitwatch.kinds.base import Notify, Resource
-from exitwatch.kinds.discovery import Listing, Rescans, wait
+from exitwatch.kinds.discovery import (
+    Fallback,
+    Listing,
+    Rescans,
+    Stopped,
+    inotify_else_rescans,
+    wait,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,33 +72,19 @@ class Tree(Protocol):
         ...
 
 
-class _Fallback(OSError):
-    """inotify cannot follow the roots; the message says why."""
-
-
 class _Overflow(Exception):
     """The inotify queue overflowed: changes were lost."""
-
-
-class _Stopped(Exception):
-    """Discovery was asked to stop in the middle of a walk."""
 
 
 def follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
     """Report the workdirs of `tree` to `notify` as resources of `kind` until `stop_fd`
     becomes readable: a Snapshot first, then Found and Gone changes. `mode` is told how."""
-    try:
-        _follow(tree, kind, notify, stop_fd, mode)
-        return
-    except _Fallback as err:
-        reason = str(err)
-    except OSError as err:
-        reason = f"inotify failed: {err.strerror or err}"
-    except Exception:
-        log.exception("inotify workdir discovery failed")
-        reason = "inotify discovery failed"
-    log.warning("workdir discovery falls back to rescans: %s", reason)
-    _poll(tree, kind, notify, stop_fd, lambda every: mode(f"rescans every {every}: {reason}"))
+    inotify_else_rescans(
+        "workdir discovery",
+        log,
+        lambda: _follow(tree, kind, notify, stop_fd, mode),
+        lambda why: _poll(tree, kind, notify, stop_fd, mode, why),
+    )
 
 
 def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
@@ -99,7 +92,7 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
         try:
             watcher = _Watcher(tree, kind, notify, stop_fd)
         except OSError as err:
-            raise _Fallback(f"inotify is unavailable: {err.strerror}") from None
+            raise Fallback(f"inotify is unavailable: {err.strerror}") from None
         try:
             watcher.sync()
             roots = ", ".join(map(fsops.printable, tree.roots))
@@ -111,12 +104,10 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
                     watcher.handle(wd, mask, name)
                 timeout = watcher.recheck()
             return
-        except _Stopped:
-            return
         except _Overflow:
             log.warning("inotify queue overflowed: rescanning the workdir roots")
         except OSError as err:
-            if isinstance(err, _Fallback) or err.errno not in fsops.TRANSIENT:
+            if err.errno not in fsops.TRANSIENT:
                 raise
             # The first walk could not be done (a full fd table): nothing is concluded
             # from it, and it is done again from the start.
@@ -128,12 +119,12 @@ def _follow(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> 
             watcher.ino.close()
 
 
-def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode) -> None:
+def _poll(tree: Tree, kind: str, notify: Notify, stop_fd: int, mode: Mode, why: str) -> None:
     # A rescan takes at most RESCAN_SHARE of the time between two, failed or not; status
-    # is told the pause.
+    # is told the pause, and `why` there are rescans.
     def pace(took: float, failing: int) -> float:
         every = min(POLL_MAX, max(POLL_INTERVAL, took / RESCAN_SHARE))
-        mode(f"{every:.3g} s (the last took {took:.3g} s)")
+        mode(f"rescans every {every:.3g} s (the last took {took:.3g} s): {why}")
         return every
 
     rescans = Rescans("workdir discovery", pace, log)
@@ -176,12 +167,12 @@ class _Watcher:
         # started and stopped at once): it must not hold the thread for seconds.
         self.watched += 1
         if not self.watched % STOP_EVERY and wait(self.stop_fd, None, 0):
-            raise _Stopped
+            raise Stopped
         try:
             self.ino.watch(fd, path, depth)
         except OSError as err:
             if err.errno == errno.ENOSPC:
-                raise _Fallback(err.strerror) from None
+                raise Fallback(err.strerror) from None
             raise
         self.visited.add(path)
 
@@ -235,8 +226,6 @@ class _Watcher:
         self.visited = set()
         try:
             found = self.tree.walk(path, depth, self.watch, fresh)
-        except _Fallback:
-            raise
         except OSError as err:
             if path not in self.redo:  # one warning until it can be walked again
                 log.warning(

@@ -78,38 +78,6 @@ def wait(stop_fd: int, fd: int | None, timeout: float | None) -> bool:
     return any(r == stop_fd for r, _ in ready)
 
 
-class Fallback(Exception):
-    """inotify cannot follow a kind's resources (any more): rescans must; the message says
-    why."""
-
-
-class Stopped(Exception):
-    """The stop was asked for in the middle of a look (a long walk)."""
-
-
-def inotify_else_rescans(
-    what: str, logger: logging.Logger, follow: Callable[[], None], rescan: Callable[[str], None]
-) -> None:
-    """follow() (with inotify) until the stop; where it cannot, or fails, say why and
-    rescan(why) until the stop instead. follow() raises Fallback to say why it cannot, or
-    Stopped when it saw the stop in the middle of a look; any other failure of its is a
-    reason to fall back too, so that the thread never dies."""
-    try:
-        follow()
-        return
-    except Stopped:
-        return
-    except Fallback as err:
-        why = str(err)
-    except OSError as err:
-        why = f"inotify failed: {err.strerror or err}"
-    except Exception:
-        logger.exception("inotify %s failed", what)
-        why = "inotify discovery failed"
-    logger.warning("%s falls back to rescans: %s", what, why)
-    rescan(why)
-
-
 class Listing:
     """What a discovery thread has told of one kind's resources, by key: its first listing
     is told as a Snapshot, each later one as the Gone, then the Found (new or changed),
@@ -244,3 +212,35 @@ class Rescans:
                 err,
                 self.next,
             )
+
+
+class Fallback(Exception):
+    """inotify cannot follow a kind's resources (any more): rescans must; the message says
+    why."""
+
+
+class Stopped(Exception):
+    """The stop was asked for in the middle of a look (a long walk)."""
+
+
+def inotify_else_rescans(
+    what: str, logger: logging.Logger, follow: Callable[[], None], rescan: Callable[[str], None]
+) -> None:
+    """follow() (with inotify) until the stop; where it cannot, or fails, say why and
+    rescan(why) until the stop instead. follow() raises Fallback to say why it cannot, or
+    Stopped when it saw the stop in the middle of a look; any other failure of its is a
+    reason to fall back too, so that the thread never dies."""
+    try:
+        follow()
+        return
+    except Stopped:
+        return
+    except Fallback as err:
+        why = str(err)
+    except OSError as err:
+        why = f"inotify failed: {err.strerror or err}"
+    except Exception:
+        logger.exception("inotify %s failed", what)
+        why = "inotify discovery failed"
+    logger.warning("%s falls back to rescans: %s", what, why)
+    rescan(why)

@@ -350,6 +350,21 @@ def test_following_the_spool_reports_each_change(spool, dead_owner, tmp_path):
         kind.stop()
 
 
+def _following_one_hook(spool: Path, owner: Owner, name: str) -> tuple[Hooks, queue.SimpleQueue]:
+    """A hook kind following `spool`, which holds the one hook `name`, past its Snapshot;
+    the caller stops it."""
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind = Hooks(str(spool))
+    plant(spool, name, body(owner, ["echo", "a"]))
+    kind.start(changes.put)
+    try:
+        assert [r.key for r in changes.get(timeout=30).resources] == [name]
+    except BaseException:
+        kind.stop()
+        raise
+    return kind, changes
+
+
 @pytest.mark.parametrize("gone", [False, True], ids=["no inotify", "spool moved"])
 def test_without_inotify_the_spool_is_rescanned(spool, dead_owner, monkeypatch, caplog, gone):
     """No inotify instance to be had, or the spool itself moved away while followed: hook
@@ -360,13 +375,9 @@ def test_without_inotify_the_spool_is_rescanned(spool, dead_owner, monkeypatch, 
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
         monkeypatch.setattr(inotify.Inotify, "__init__", refuse)
-    changes: queue.SimpleQueue = queue.SimpleQueue()
-    kind = Hooks(str(spool))
-    a, b = hook_id(30), hook_id(31)
-    plant(spool, a, body(dead_owner, ["echo", "a"]))
-    kind.start(changes.put)
+    kind, changes = _following_one_hook(spool, dead_owner, hook_id(30))
+    b = hook_id(31)
     try:
-        assert [r.key for r in changes.get(timeout=30).resources] == [a]
         if gone:  # moved away and back: the watch went with it
             os.rename(spool, f"{spool}.away")
             os.rename(f"{spool}.away", spool)
@@ -401,13 +412,9 @@ def test_a_spool_that_cannot_be_listed_now_loses_no_hook(spool, dead_owner, monk
     stands, and the spool is listed whole again once it can be."""
     fake = _FullFdTable(spool)
     monkeypatch.setattr(contract, "os", fake)
-    changes: queue.SimpleQueue = queue.SimpleQueue()
-    kind = Hooks(str(spool))
-    a, b = hook_id(20), hook_id(21)
-    plant(spool, a, body(dead_owner, ["echo", "a"]))
-    kind.start(changes.put)
+    kind, changes = _following_one_hook(spool, dead_owner, hook_id(20))
+    b = hook_id(21)
     try:
-        assert [r.key for r in changes.get(timeout=30).resources] == [a]
         fake.full.set()
         plant(spool, b, body(dead_owner, ["echo", "b"]))
         with pytest.raises(OSError, match="Too many open files"):

@@ -135,7 +135,7 @@ ONE_PASS = {
     "debian": (
         # What no library of the other pass is under, on the interpreter the .deb runs on:
         # the docker kind, which speaks to the engine with the standard library alone
-        # (kinds/docker/unixhttp.py), its engine calls and the agent end to end (click's
+        # (engine/http.py), its engine calls and the agent end to end (click's
         # side, the command line, in test_cli_errors.py and test_run.py); and the
         # product's own rules, reached through calls that the files of both passes make
         # too: adopt's transparency (test_proxy.py proves the same proxy, for the run's

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import h11
 
 from exitwatch import procfs
+from exitwatch.engine import oneshot
 from exitwatch.owner import current_boot_id
-from exitwatch.proxy import engineapi
 from exitwatch.proxy.policy import Owned, Owner, Refuse
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ class Adopting:
         if known is not None and not fresh:
             return known
         try:
-            status, body = engineapi.request(
+            status, body = oneshot.request(
                 self._engine, "GET", f"/containers/{cid}/json", None, INSPECT_TIMEOUT
             )
             doc = json.loads(body) if status == 200 else {}

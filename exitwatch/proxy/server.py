@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import h11
 
-from exitwatch.kinds.docker.host import DEFAULT_HOST, socket_path
+from exitwatch.engine.url import DEFAULT_HOST, socket_path
 from exitwatch.proxy import relay
 from exitwatch.proxy.policy import Owned, Policy, Refuse
 from exitwatch.proxy.reader import Budget, Reader

@@ -12,7 +12,7 @@ import json
 
 import h11
 
-from exitwatch.proxy import engineapi
+from exitwatch.engine import oneshot
 from exitwatch.proxy.creation import Volume
 
 TIMEOUT = 60.0  # seconds for the engine to answer a volume create
@@ -27,7 +27,7 @@ def create(engine: str, volume: Volume) -> tuple[int, str] | None:
     if volume.options:
         doc["DriverOpts"] = dict(volume.options)
     try:
-        status, answer = engineapi.request(
+        status, answer = oneshot.request(
             engine, "POST", "/volumes/create", json.dumps(doc).encode(), TIMEOUT
         )
     except (OSError, h11.ProtocolError) as err:

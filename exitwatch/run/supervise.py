@@ -249,7 +249,7 @@ def _cleanup(owner: Owner, engine: str, made: list[dirs.Made], reached: bool) ->
     """Remove what the run holds: its containers (compose projects whole), networks and
     volumes, then its directories. Says what could not go; the agent retries that once the
     wrapper is gone. `reached`: whether the engine ever took a connection of the socket's."""
-    from exitwatch.kinds.docker.engine import EngineError
+    from exitwatch.kinds.docker.attempts import EngineError
     from exitwatch.kinds.docker.kind import Containers
 
     outcomes: list[Outcome] = []

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.kinds.docker import engine as engine_client
+from exitwatch.engine import client as engine_client
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner
 from exitwatch.service.config import Config

@@ -1,4 +1,4 @@
-"""The engine client (kinds/docker/engine.py over unixhttp.py) against the real private
+"""The engine client (engine/client.py over engine/http.py) against the real private
 engine: each call the kind makes, its filters, its errors as a removal reads them, and the
 events stream, compared with what the docker SDK says of the same engine."""
 
@@ -12,8 +12,10 @@ import uuid
 import pytest
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.kinds.docker import unixhttp
-from exitwatch.kinds.docker.engine import Engine, attempt
+from exitwatch.engine import errors
+from exitwatch.engine import http as enginehttp
+from exitwatch.engine.client import Engine
+from exitwatch.kinds.docker.attempts import attempt
 
 from support.agentproc import container, exists
 from support.procs import wait_for
@@ -33,7 +35,7 @@ def test_removes_a_running_container(engine, api):
 
 @pytest.mark.parametrize("cid", ["0" * 64, "a b?c"])
 def test_a_missing_container_is_not_found(api, cid):
-    with pytest.raises(unixhttp.NotFound) as caught:
+    with pytest.raises(errors.NotFound) as caught:
         api.remove_container(cid)
     assert caught.value.status == 404
     assert "No such container" in caught.value.message
@@ -41,17 +43,17 @@ def test_a_missing_container_is_not_found(api, cid):
 
 def test_an_engine_refusal_is_a_client_error_not_a_not_found(engine):
     # An API version the engine does not speak: a 400 with its message.
-    with pytest.raises(unixhttp.EngineRefused) as caught:
-        unixhttp.request(str(engine.socket), "DELETE", "/v0.1/containers/x", 15.0)
-    assert 400 <= caught.value.status < 500 and not isinstance(caught.value, unixhttp.NotFound)
+    with pytest.raises(errors.EngineRefused) as caught:
+        enginehttp.request(str(engine.socket), "DELETE", "/v0.1/containers/x", 15.0)
+    assert 400 <= caught.value.status < 500 and not isinstance(caught.value, errors.NotFound)
     assert caught.value.message
 
 
 def test_anything_but_success_is_an_error_even_a_redirect(api):
     # The engine's router answers a path that is not clean with a redirect: nothing removed.
-    with pytest.raises(unixhttp.EngineRefused) as caught:
+    with pytest.raises(errors.EngineRefused) as caught:
         api.remove_container("../x")
-    assert not isinstance(caught.value, unixhttp.NotFound)
+    assert not isinstance(caught.value, errors.NotFound)
 
 
 def test_the_api_version_is_the_engines_own(engine, api):
@@ -95,7 +97,7 @@ def test_each_listing_filters_as_the_sdk_does(engine, api):
 
 def test_the_events_stream_follows_and_ends_when_closed(engine, api):
     since = f"{time.time():.9f}"
-    events = api.events(since)
+    events = api.events(since, LABEL_OWNER)
     seen: list[dict] = []
     ended = threading.Event()
 

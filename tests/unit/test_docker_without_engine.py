@@ -18,9 +18,13 @@ from pathlib import Path
 import pytest
 
 import exitwatch
-from exitwatch.kinds.docker import engine as engine_client
-from exitwatch.kinds.docker import host, unixhttp
-from exitwatch.kinds.docker.engine import Engine, EngineError, engine_error, json_array
+from exitwatch.engine import errors
+from exitwatch.engine import http as enginehttp
+from exitwatch.engine import url as engine_url
+from exitwatch.engine.client import Engine, json_array
+from exitwatch.engine.errors import describe
+from exitwatch.kinds.docker import attempts
+from exitwatch.kinds.docker.attempts import EngineError
 from exitwatch.kinds.docker.kind import Containers
 
 from support.procs import wait_for
@@ -68,13 +72,13 @@ def test_json_array_refuses_what_is_not_a_whole_listing(chunks, why):
 
 def test_no_engine_is_an_os_error(tmp_path):
     with pytest.raises(OSError):
-        unixhttp.request(str(tmp_path / "none.sock"), "DELETE", "/containers/x", 1.0)
+        enginehttp.request(str(tmp_path / "none.sock"), "DELETE", "/containers/x", 1.0)
 
 
 def test_a_url_that_is_not_a_unix_socket_is_refused_by_every_call() -> None:
-    assert host.socket_path("unix:///run/docker.sock") == "/run/docker.sock"
+    assert engine_url.socket_path("unix:///run/docker.sock") == "/run/docker.sock"
     for url in ("tcp://127.0.0.1:2375", "ssh://host", "unix://", "/run/docker.sock"):
-        assert host.socket_path(url) is None
+        assert engine_url.socket_path(url) is None
     kind = Containers("tcp://127.0.0.1:2375")
     problem = kind.ping()
     assert problem is not None and "tcp://127.0.0.1:2375" in problem and "unix://" in problem
@@ -134,12 +138,12 @@ def sockets(monkeypatch: pytest.MonkeyPatch) -> list[socket.socket]:
     """Every socket the client connects, to see that each is let go."""
     made: list[socket.socket] = []
 
-    class Tracked(unixhttp._UnixConnection):
+    class Tracked(enginehttp._UnixConnection):
         def connect(self) -> None:
             super().connect()
             made.append(self.raw)
 
-    monkeypatch.setattr(unixhttp, "_UnixConnection", Tracked)
+    monkeypatch.setattr(enginehttp, "_UnixConnection", Tracked)
     return made
 
 
@@ -192,22 +196,22 @@ def test_a_listing_in_chunks_is_read_whole_and_every_socket_let_go(stand_in, soc
 @pytest.mark.parametrize(
     ("failures", "again", "calls", "said"),
     [
-        ([unixhttp.EngineRefused(409, "Conflict", "in progress")], (409,), 2, (True, "removed")),
-        ([unixhttp.EngineRefused(403, "Forbidden", "busy")], (403,), 2, (True, "removed")),
-        ([unixhttp.EngineRefused(400, "Bad Request", "bad")], (409,), 1, (False, "bad (HTTP 400)")),
-        ([unixhttp.EngineRefused(301, "Moved", "")], (409,), 1, (False, "301 Moved (HTTP 301)")),
-        ([unixhttp.EngineRefused(500, "Error", "disk")] * 3, (409,), 3, (False, "disk (HTTP 500)")),
+        ([errors.EngineRefused(409, "Conflict", "in progress")], (409,), 2, (True, "removed")),
+        ([errors.EngineRefused(403, "Forbidden", "busy")], (403,), 2, (True, "removed")),
+        ([errors.EngineRefused(400, "Bad Request", "bad")], (409,), 1, (False, "bad (HTTP 400)")),
+        ([errors.EngineRefused(301, "Moved", "")], (409,), 1, (False, "301 Moved (HTTP 301)")),
+        ([errors.EngineRefused(500, "Error", "disk")] * 3, (409,), 3, (False, "disk (HTTP 500)")),
         (
             [ConnectionRefusedError(111, "Connection refused")] * 3,
             (),
             3,
             (False, "Connection refused"),
         ),
-        ([unixhttp.NotFound(404, "Not Found", "No such")], (), 1, (True, "already gone")),
+        ([errors.NotFound(404, "Not Found", "No such")], (), 1, (True, "already gone")),
     ],
 )
 def test_attempt_tries_again_only_what_may_pass(monkeypatch, failures, again, calls, said):
-    monkeypatch.setattr(engine_client, "RETRY_PAUSE", 0.0)
+    monkeypatch.setattr(attempts, "RETRY_PAUSE", 0.0)
     left, made = list(failures), []
 
     def call() -> None:
@@ -215,28 +219,28 @@ def test_attempt_tries_again_only_what_may_pass(monkeypatch, failures, again, ca
         if left:
             raise left.pop(0)
 
-    assert engine_client.attempt(call, again) == said
+    assert attempts.attempt(call, again) == said
     assert len(made) == calls
 
 
 def test_a_refusal_carries_the_engines_status_and_message(stand_in) -> None:
     server = stand_in(_http("500 Internal Server Error", b'{"message": "disk full"}'))
-    with pytest.raises(unixhttp.EngineRefused) as caught:
-        unixhttp.request(server.path, "DELETE", "/v1.41/volumes/v", 5.0)
+    with pytest.raises(errors.EngineRefused) as caught:
+        enginehttp.request(server.path, "DELETE", "/v1.41/volumes/v", 5.0)
     err = caught.value
     assert (err.status, err.message) == (500, "disk full")
-    assert not isinstance(err, unixhttp.NotFound)
-    assert engine_error(err) == "disk full (HTTP 500)"
+    assert not isinstance(err, errors.NotFound)
+    assert describe(err) == "disk full (HTTP 500)"
     assert server.requests[0].startswith(b"DELETE /v1.41/volumes/v HTTP/1.1\r\n")
 
 
 def test_a_404_is_not_found_and_a_redirect_is_no_success(stand_in) -> None:
     gone = stand_in(_http("404 Not Found", b'{"message": "No such container: x"}'))
-    with pytest.raises(unixhttp.NotFound, match="No such container"):
-        unixhttp.request(gone.path, "DELETE", "/containers/x", 5.0)
+    with pytest.raises(errors.NotFound, match="No such container"):
+        enginehttp.request(gone.path, "DELETE", "/containers/x", 5.0)
     moved = stand_in(_http("301 Moved Permanently", b"", "Location: /x"))
-    with pytest.raises(unixhttp.EngineRefused) as caught:
-        unixhttp.request(moved.path, "DELETE", "/containers/../x", 5.0)
+    with pytest.raises(errors.EngineRefused) as caught:
+        enginehttp.request(moved.path, "DELETE", "/containers/../x", 5.0)
     assert caught.value.status == 301
 
 
@@ -251,8 +255,8 @@ def test_a_404_is_not_found_and_a_redirect_is_no_success(stand_in) -> None:
 def test_what_is_not_a_whole_http_answer_is_one_os_error(stand_in, answer, why) -> None:
     server = stand_in(answer)
     with pytest.raises(OSError, match=why) as caught:
-        unixhttp.request(server.path, "GET", "/_ping", 5.0)
-    assert "\n" not in engine_error(caught.value)
+        enginehttp.request(server.path, "GET", "/_ping", 5.0)
+    assert "\n" not in describe(caught.value)
 
 
 def test_an_engine_without_an_api_version_is_named(stand_in) -> None:
@@ -272,7 +276,7 @@ def test_closing_a_stream_from_another_thread_wakes_its_reader(stand_in, sockets
     event = b'{"Action": "create"}\n'
     head = f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n{close}\r\n"
     server = stand_in(head.encode() + b"%x\r\n%s\r\n" % (len(event), event), hold=True)
-    stream = unixhttp.Stream(server.path, "/events", 0.2, endless=True)
+    stream = enginehttp.Stream(server.path, "/events", 0.2, endless=True)
     seen: list[object] = []
     failed: list[BaseException] = []
 
@@ -300,7 +304,7 @@ def test_closing_a_stream_from_another_thread_wakes_its_reader(stand_in, sockets
 def test_a_stream_closed_before_any_read_ends_at_once(stand_in, sockets, close) -> None:
     head = f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n{close}\r\n"
     server = stand_in(head.encode(), hold=True)
-    stream = unixhttp.Stream(server.path, "/events", 0.2, endless=True)
+    stream = enginehttp.Stream(server.path, "/events", 0.2, endless=True)
     stream.close()
     assert sockets[0].fileno() == -1
     assert list(stream.objects()) == []

@@ -21,7 +21,7 @@ from exitwatch.proxy.server import ProxyError, engine_path, listen
 def test_engine_path() -> None:
     assert engine_path({}) == "/var/run/docker.sock"
     assert engine_path({"DOCKER_HOST": "unix:///run/x.sock"}) == "/run/x.sock"
-    # As the agent reads it (kinds/docker/host.py): the same socket for the same URL.
+    # As the agent reads it (engine/url.py): the same socket for the same URL.
     assert engine_path({"DOCKER_HOST": "unix://var/run/docker.sock"}) == "/var/run/docker.sock"
     for host in ("tcp://127.0.0.1:2375", "ssh://me@host", "unix://"):
         with pytest.raises(ProxyError, match="only an engine on a unix socket"):

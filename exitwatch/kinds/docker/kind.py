@@ -12,6 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypedDict
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, LABEL_OWNER_NAME, kept
+from exitwatch.engine.client import ENGINE_ERRORS, Engine, Events
+from exitwatch.engine.errors import describe
+from exitwatch.engine.url import DEFAULT_HOST, socket_path
 from exitwatch.kinds.base import (
     Found,
     Gone,
@@ -24,16 +27,7 @@ from exitwatch.kinds.base import (
 )
 from exitwatch.kinds.discovery import Discovery, stopped, wait
 from exitwatch.kinds.docker import compose, networks
-from exitwatch.kinds.docker.engine import (
-    ENGINE_ERRORS,
-    Engine,
-    EngineError,
-    Events,
-    attempt,
-    engine_error,
-    name_of,
-)
-from exitwatch.kinds.docker.host import DEFAULT_HOST, socket_path
+from exitwatch.kinds.docker.attempts import EngineError, attempt, name_of
 from exitwatch.owner import Owner, OwnerError, death
 
 log = logging.getLogger(__name__)
@@ -152,7 +146,7 @@ class Containers(ResourceKind):
         try:
             self._engine.ping()
         except ENGINE_ERRORS as err:
-            return f"no Docker engine answers at {self.host}: {engine_error(err)}"
+            return f"no Docker engine answers at {self.host}: {describe(err)}"
         return None
 
     def scan(self) -> Snapshot:
@@ -160,7 +154,7 @@ class Containers(ResourceKind):
         try:
             return self._sighted(_snapshot(self._engine))
         except ENGINE_ERRORS as err:
-            raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
+            raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
 
     def _sighted(self, snap: Snapshot) -> Snapshot:
         """Note when each owner of a whole listing was first seen; forget those gone."""
@@ -191,7 +185,7 @@ class Containers(ResourceKind):
             try:
                 stream.close()
             except ENGINE_ERRORS as err:
-                log.debug("closing the docker events stream: %s", engine_error(err))
+                log.debug("closing the docker events stream: %s", describe(err))
 
     def _watch(self, notify: Notify, stop_fd: int) -> None:
         delay = BACKOFF_MIN
@@ -207,7 +201,7 @@ class Containers(ResourceKind):
                 if stopped(stop_fd):
                     break
                 if isinstance(err, ENGINE_ERRORS):
-                    problem = engine_error(err)
+                    problem = describe(err)
                 else:  # a bug, ours or notify's: the thread must outlive it, and say so
                     log.exception("docker events thread: unexpected error")
                     problem = f"unexpected error: {err!r}"
@@ -233,7 +227,7 @@ class Containers(ResourceKind):
     def _follow(self, engine: Engine, notify: Notify, stop_fd: int) -> None:
         """Subscribe first, then report a Snapshot, then each event until the stream ends."""
         since = self._since or _ns_time(time.time_ns() - SINCE_MARGIN_NS)
-        stream = engine.events(since)
+        stream = engine.events(since, LABEL_OWNER)
         with self._lock:
             # A stop asked for before the stream was kept here found none to close.
             if stopped(stop_fd):
@@ -324,7 +318,7 @@ class Containers(ResourceKind):
         try:
             listed = self._engine.containers(f"{LABEL_COMPOSE_PROJECT}={project}")
         except ENGINE_ERRORS as err:
-            why = f"listing compose project {project}: {engine_error(err)}"
+            why = f"listing compose project {project}: {describe(err)}"
             failed = [
                 Outcome.failed(detail=why, **_container(r.key, r.name, project)) for r in given
             ]
@@ -387,7 +381,7 @@ class Containers(ResourceKind):
                     try:
                         info = self._engine.inspect(cid)
                     except ENGINE_ERRORS as err:
-                        why = f"its creation time cannot be read: {engine_error(err)}"
+                        why = f"its creation time cannot be read: {describe(err)}"
                     else:
                         why = compose.why_started_before(info.get("State"), owner)
                         why = why or compose.why_older(info.get("Created"), since)
@@ -405,7 +399,7 @@ class Containers(ResourceKind):
         try:
             listed = self._engine.containers(f"{LABEL_OWNER}={owner}")
         except ENGINE_ERRORS as err:
-            raise EngineError(f"docker engine at {self.host}: {engine_error(err)}") from err
+            raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
         found = (_resource(c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
 

@@ -8,9 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
+from exitwatch.engine.client import ENGINE_ERRORS, Engine
+from exitwatch.engine.errors import describe
 from exitwatch.kinds.base import Outcome
 from exitwatch.kinds.docker import compose
-from exitwatch.kinds.docker.engine import ENGINE_ERRORS, Engine, attempt, engine_error, name_of
+from exitwatch.kinds.docker.attempts import attempt, name_of
 from exitwatch.owner import Owner
 
 
@@ -23,7 +25,7 @@ def of_project(engine: Engine, project: str, since: float | str, dry_run: bool) 
         nets = engine.networks(label)
         listed = [] if dry_run else engine.containers(label)
     except ENGINE_ERRORS as err:
-        why = f"listing compose project {project}: {engine_error(err)}"
+        why = f"listing compose project {project}: {describe(err)}"
         return [Outcome.failed(f"networks of compose project {project}", "network", why)]
     left = ", ".join(name_of(c) for c in listed)
     outcomes = []
@@ -57,7 +59,7 @@ def labelled(
         vols = engine.volumes(label)
         left = [] if dry_run or not (nets or vols) else engine.containers(label)
     except ENGINE_ERRORS as err:
-        why = f"listing what owner {owner} labelled: {engine_error(err)}"
+        why = f"listing what owner {owner} labelled: {describe(err)}"
         return [Outcome.failed(f"networks and volumes of {owner}", "network", why)]
     outcomes = []
     for kind, items, key, call in (
@@ -114,7 +116,7 @@ def _remove_unused(
     try:
         users = engine.users(kind, ident)
     except ENGINE_ERRORS as err:
-        why = f"listing the containers that use it: {engine_error(err)}"
+        why = f"listing the containers that use it: {describe(err)}"
         return Outcome.failed(detail=why, **about)
     if users:
         why = f"in use by containers: {', '.join(name_of(c) for c in users)}"

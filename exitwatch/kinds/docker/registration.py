@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exitwatch.engine.url import socket_path
 from exitwatch.kinds.base import Metric, Registration
-from exitwatch.kinds.docker.host import socket_path
 from exitwatch.kinds.docker.kind import CONCURRENCY, KIND, Containers
 
 

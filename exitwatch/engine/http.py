@@ -1,10 +1,11 @@
-"""The Docker engine's HTTP API, spoken straight over its unix socket with http.client.
+"""HTTP/1.1 to an engine, spoken straight over its socket with http.client: one request's
+answer, or a stream read as it arrives (a listing, the events).
 
 An SDK (docker-py, and requests and urllib3 under it) would cost each start of the agent,
 `exitwatch reap` and `run`'s cleanup 0.05 to 0.07 s of CPU and 8 MB of memory, and each
 call 1.6 ms of CPU against 0.23 ms here (docs/design.md, "Containers"): in a bulk reap on
 a small host, that CPU is taken from dockerd itself, whose removal rate is the limit. The
-calls exitwatch makes are few and plain (engine.py). Each opens a connection of its own,
+calls exitwatch makes are few and plain (client.py). Each opens a connection of its own,
 as the removals' DELETE always did, so that no call waits on another's socket.
 """
 
@@ -18,17 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-
-class EngineRefused(Exception):
-    """The engine answered, with a status other than 2xx. `message` is its own words."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}" + (f": {message}" if message else ""))
-        self.status, self.reason, self.message = status, reason, message
-
-
-class NotFound(EngineRefused):
-    """404: no such container, network or volume (or API path)."""
+from exitwatch.engine.errors import refusal
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -47,15 +38,6 @@ class _UnixConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = self.raw = sock
-
-
-def _message(body: bytes) -> str:
-    """The engine's {"message": ...}, or the body as text."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace").strip()
-    return str(doc.get("message", "")) if isinstance(doc, dict) else str(doc)
 
 
 def _cut_short(read: Callable[[], bytes]) -> bytes:
@@ -91,8 +73,7 @@ def _send(
         except http.client.HTTPException as err:
             raise OSError(f"the engine did not answer in HTTP: {err!r}") from None
         if not 200 <= answer.status < 300:
-            error = NotFound if answer.status == 404 else EngineRefused
-            raise error(answer.status, answer.reason, _message(_cut_short(answer.read)))
+            raise refusal(answer.status, answer.reason, _cut_short(answer.read))
     except BaseException:
         _release(conn, answer)
         raise

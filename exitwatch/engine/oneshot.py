@@ -1,6 +1,6 @@
-"""One request of the proxy's own to the engine (a volume created first, a container looked
-up), on a connection of its own, with h11 rather than http.client, whose imports of ssl and
-email cost the wrapper 2 MB."""
+"""One request of the labelling proxy's own to the engine (a volume created first, a
+container looked up), on a connection of its own, with h11 rather than http.client (http.py),
+whose imports of ssl and email cost the wrapper 2 MB."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The Docker engine as exitwatch uses it: exactly the calls it makes, over its socket, and
-one line for whatever the engine or the way to it says went wrong."""
+"""The Docker engine's calls as the docker kind makes them, over http.py: the engine's own
+API version, label-filtered listings (streamed), the events stream, removals."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import http.client
 import json
 import re
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from exitwatch.contract import LABEL_OWNER
-from exitwatch.kinds.base import Unavailable
-from exitwatch.kinds.docker.unixhttp import EngineRefused, NotFound, Stream, request
+from exitwatch.engine.errors import EngineRefused
+from exitwatch.engine.http import Stream, request
 
 # Read size for the container listing: some twenty containers' worth at a time, so its
 # decoding never holds much more than one chunk and the item being built.
@@ -24,54 +22,7 @@ LISTING_CHUNK = 64 * 1024
 # What the engine, or the connection to it, can raise (ValueError: an answer that is not
 # the JSON it should be).
 ENGINE_ERRORS = (EngineRefused, http.client.HTTPException, OSError, ValueError)
-ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
-RETRY_PAUSE = 0.2
 _API_VERSION = re.compile(r"[0-9]+\.[0-9]+")
-
-
-class EngineError(Unavailable):
-    """The Docker engine did not answer, or refused. The message is one line naming it."""
-
-
-def engine_error(err: BaseException) -> str:
-    """One line saying what went wrong, from under whatever layers wrap it."""
-    if isinstance(err, EngineRefused):
-        return f"{err.message or err} (HTTP {err.status})"
-    todo: list[BaseException] = [err]
-    while todo:
-        cur = todo.pop(0)
-        if isinstance(cur, OSError) and cur.strerror:
-            return cur.strerror
-        todo += [a for a in cur.args if isinstance(a, BaseException)]
-        todo += [e for e in (cur.__cause__, cur.__context__) if e is not None]
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[bool, str]:
-    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not).
-    A client error ends it at once, but for the statuses in `again`."""
-    problem = ""
-    for n in range(ATTEMPTS):
-        try:
-            call()
-            return True, "removed"
-        except NotFound:
-            return True, "already gone"
-        except ENGINE_ERRORS as err:
-            problem = engine_error(err)
-            # A refusal stays a refusal (a redirect too: nothing was done), but for a 5xx;
-            # 409 is mostly "removal already in progress".
-            if isinstance(err, EngineRefused) and err.status < 500 and err.status not in again:
-                break
-        if n + 1 < ATTEMPTS:
-            time.sleep(RETRY_PAUSE * 2**n)
-    return False, problem
-
-
-def name_of(listed: dict[str, Any]) -> str:
-    """The name of a container as the engine lists it."""
-    return (listed.get("Names") or [""])[0].lstrip("/")
 
 
 def _filters(**values: str | list[str]) -> str:
@@ -81,7 +32,7 @@ def _filters(**values: str | list[str]) -> str:
 
 class Engine:
     """Exactly the Docker calls exitwatch makes, on the engine's unix socket `path` (Ryuk's
-    narrow interface; unixhttp.py speaks them). None: an engine URL that is not a unix
+    narrow interface; http.py speaks them). None: an engine URL that is not a unix
     socket, which every call refuses.
 
     The API version is the engine's own, asked for on first use (as docker-py's "auto"
@@ -149,9 +100,9 @@ class Engine:
             finally:
                 stream.close()
 
-    def events(self, since: str) -> Events:
-        """Create and destroy events of labelled containers, from `since` on."""
-        filters = _filters(type="container", label=LABEL_OWNER, event=["create", "destroy"])
+    def events(self, since: str, label: str) -> Events:
+        """Create and destroy events of containers with `label`, from `since` on."""
+        filters = _filters(type="container", label=label, event=["create", "destroy"])
         url = self._url("/events", since=since, filters=filters)
         return Events(Stream(self._socket(), url, self._timeout, endless=True))
 

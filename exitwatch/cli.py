@@ -321,14 +321,13 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
         raise click.ClickException(str(err)) from None
     logs.setup(config.log_format)
     from exitwatch.adopt.service import AdoptError, Settings, serve
-    from exitwatch.proxy.server import ProxyError, engine_path
+    from exitwatch.engine import url
 
     agents = config.kind("containers").docker_host  # the agent's engine
-    url = config.adopt.docker_host or agents or os.environ.get("DOCKER_HOST", "")
     try:
-        engine = engine_path({"DOCKER_HOST": url})
-    except ProxyError as err:
-        raise click.ClickException(str(err)) from None
+        engine = url.chosen(config.adopt.docker_host, agents)
+    except url.EndpointError as err:  # DOCKER_HOST: the settings were checked
+        raise click.ClickException(f"{url.ENV}: {err}") from None
     stopping = threading.Event()
     shutdown.on_signals({signal.SIGTERM: stopping.set, signal.SIGINT: stopping.set})
     try:

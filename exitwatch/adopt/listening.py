@@ -25,6 +25,7 @@ import stat
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
+from exitwatch.engine.url import Endpoint
 from exitwatch.proxy import safedir
 
 SD_LISTEN_FDS_START = 3
@@ -163,14 +164,14 @@ def _checked_dir(path: str, make: bool = False) -> safedir.Base:
         raise ListenError(f"cannot listen on {path}: {parent}: {err.strerror}") from None
 
 
-def align(listening: Listening, engine: str) -> str | None:
+def align(listening: Listening, engine: Endpoint) -> str | None:
     """Give the socket file the engine socket's owner, group and mode, never more on the
     way: the mode both allow first, then the owner, then the engine's mode. What changed
     (one line), or None. A file that cannot be changed (a read-only /run, no CAP_CHOWN)
     is served as it is if it grants no more than the engine's. Raises ListenError when the
     file is no longer ours, or grants more and cannot be changed; OSError when the
     engine's socket cannot be looked at."""
-    want = os.stat(engine)
+    want = engine.stat()
     path = listening.path
     st = os.lstat(path)
     if not stat.S_ISSOCK(st.st_mode) or (st.st_dev, st.st_ino) != listening.ino:
@@ -189,12 +190,12 @@ def align(listening: Listening, engine: str) -> str | None:
         if _wider(st, want):
             raise ListenError(
                 f"{path} ({st.st_uid}:{st.st_gid} {stat.S_IMODE(st.st_mode):04o}) lets in more "
-                f"than the engine's {engine} ({want.st_uid}:{want.st_gid} {want_mode:04o}), "
+                f"than the engine's {engine.where} ({want.st_uid}:{want.st_gid} {want_mode:04o}), "
                 f"and cannot be given its owner and mode: {err.strerror or err}"
             ) from None
         return f"{path} is kept as it is ({was}), no wider than the engine's: {err.strerror}"
     now = f"{want.st_uid}:{want.st_gid} {want_mode:04o}"
-    return f"{path} now {now} as the engine's {engine} (was {was})"
+    return f"{path} now {now} as the engine's {engine.where} (was {was})"
 
 
 def _wider(st: os.stat_result, want: os.stat_result) -> bool:

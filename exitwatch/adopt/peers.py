@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import fnmatch
-import json
 import logging
 import os
 import re
@@ -33,10 +32,10 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import h11
-
 from exitwatch import procfs
-from exitwatch.engine import oneshot
+from exitwatch.engine.errors import EngineRefused
+from exitwatch.engine.oneshot import OneShot
+from exitwatch.engine.url import Endpoint
 from exitwatch.owner import current_boot_id
 from exitwatch.proxy.policy import Owned, Owner, Refuse
 
@@ -77,13 +76,13 @@ class _Container:
 
 class Adopting:
     """The owner of each connection by its client process, as the module says, for the
-    engine socket `engine` (which names containers). Thread-safe: connections are served
-    at once."""
+    engine at `engine` (which names containers). Thread-safe: connections are served at
+    once."""
 
-    def __init__(self, rules: Iterable[str], engine: str, proc: str = procfs.PROC) -> None:
+    def __init__(self, rules: Iterable[str], engine: Endpoint, proc: str = procfs.PROC) -> None:
         self.rules = tuple(rules)
         self._match = re.compile("|".join(fnmatch.translate(r) for r in self.rules) or r"(?!)")
-        self._engine, self._proc = engine, proc
+        self._engine, self._proc = OneShot(engine, INSPECT_TIMEOUT), proc
         self._lock = threading.Lock()
         self._depths: collections.OrderedDict[tuple[int, int], tuple[int, int]] = (
             collections.OrderedDict()
@@ -219,11 +218,10 @@ class Adopting:
         if known is not None and not fresh:
             return known
         try:
-            status, body = oneshot.request(
-                self._engine, "GET", f"/containers/{cid}/json", None, INSPECT_TIMEOUT
-            )
-            doc = json.loads(body) if status == 200 else {}
-        except (OSError, h11.ProtocolError, ValueError) as err:
+            doc = self._engine.inspect(cid)
+        except EngineRefused:  # no such container (or none the engine would say)
+            doc = {}
+        except (OSError, ValueError) as err:
             log.debug("container %s: %s", cid[:12], err)
             return known
         if not isinstance(doc, dict) or not isinstance(doc.get("State"), dict):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import resource
 import threading
 from collections.abc import MutableMapping
@@ -26,6 +25,7 @@ from exitwatch.adopt.listening import (
     open_activated,
 )
 from exitwatch.adopt.peers import Adopting
+from exitwatch.engine.url import Endpoint
 from exitwatch.proxy.server import Proxy
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class AdoptError(Exception):
 @dataclass(frozen=True)
 class Settings:
     listen: str  # the socket to bind, when systemd passes none
-    engine: str  # the engine's unix socket
+    engine: Endpoint  # the engine forwarded to
     rules: tuple[str, ...]  # fnmatch patterns of owners' command lines
 
 
@@ -66,7 +66,7 @@ def serve(settings: Settings, stop: threading.Event, env: MutableMapping[str, st
             "ready: serving %s (%s) for the engine at %s; rules: %s",
             listening.path,
             how,
-            settings.engine,
+            settings.engine.where,
             rules,
         )
         try:
@@ -102,25 +102,25 @@ def _listening(settings: Settings, env: MutableMapping[str, str]) -> Listening:
     return found
 
 
-def _not_itself(listening: Listening, engine: str) -> None:
+def _not_itself(listening: Listening, engine: Endpoint) -> None:
     """Refuse to forward to the socket being served: every request would loop."""
     try:
-        st = os.stat(engine)
+        st = engine.stat()
     except OSError:
         return  # no engine now: its clients see their connections closed, as without us
     if (st.st_dev, st.st_ino) == listening.ino:
         listening.close()
-        raise AdoptError(f"the engine socket {engine} is the socket served: it would loop")
+        raise AdoptError(f"the engine socket {engine.where} is the socket served: it would loop")
 
 
-def _align(listening: Listening, engine: str, said: set[str], starting: bool) -> None:
+def _align(listening: Listening, engine: Endpoint, said: set[str], starting: bool) -> None:
     """The engine socket's owner, group and mode on ours; said when it changes. Without an
     engine socket to look at, ours stays as it is (nothing can reach the engine through
     it meanwhile). What fails once serving is logged once, and serving goes on."""
     try:
         changed = align(listening, engine)
     except OSError as err:
-        log.debug("engine socket %s: %s; %s stays as it is", engine, err, listening.path)
+        log.debug("engine socket %s: %s; %s stays as it is", engine.where, err, listening.path)
         return
     except ListenError as err:
         if starting:

@@ -15,6 +15,7 @@ from urllib.parse import quote, urlencode
 
 from exitwatch.engine.errors import EngineRefused
 from exitwatch.engine.http import Stream, request
+from exitwatch.engine.url import Endpoint
 
 # Read size for the container listing: some twenty containers' worth at a time, so its
 # decoding never holds much more than one chunk and the item being built.
@@ -30,10 +31,9 @@ def _filters(**values: str | list[str]) -> str:
     return json.dumps({k: [v] if isinstance(v, str) else v for k, v in values.items()})
 
 
-class Engine:
-    """Exactly the Docker calls exitwatch makes, on the engine's unix socket `path` (Ryuk's
-    narrow interface; http.py speaks them). None: an engine URL that is not a unix
-    socket, which every call refuses.
+class Client:
+    """Exactly the Docker calls the docker kind makes (api.Engine; Ryuk's narrow interface),
+    on the engine at `endpoint`, spoken by http.py.
 
     The API version is the engine's own, asked for on first use (as docker-py's "auto"
     did): none is kept while no engine answers, and the next call simply asks again. With
@@ -41,22 +41,17 @@ class Engine:
     sent at once, from however many threads: the rest wait their turn.
     """
 
-    def __init__(self, path: str | None, timeout: float, concurrency: int = 0) -> None:
-        self._path, self._timeout = path, timeout
+    def __init__(self, endpoint: Endpoint, timeout: float, concurrency: int = 0) -> None:
+        self._endpoint, self._timeout = endpoint, timeout
         self._version: str | None = None
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
-
-    def _socket(self) -> str:
-        if self._path is None:
-            raise ValueError("not a unix:// socket: only a local engine is spoken to")
-        return self._path
 
     def _url(self, route: str, **params: Any) -> str:
         with self._lock:
             version = self._version
         if version is None:
-            answer = json.loads(request(self._socket(), "GET", "/version", self._timeout))
+            answer = json.loads(request(self._endpoint, "GET", "/version", self._timeout))
             version = answer.get("ApiVersion") if isinstance(answer, dict) else None
             if not isinstance(version, str) or not _API_VERSION.fullmatch(version):
                 raise ValueError(f"the engine's /version gave no API version: {version!r}")
@@ -68,11 +63,11 @@ class Engine:
     def _get(self, route: str, **params: Any) -> Any:
         with self._slot():
             url = self._url(route, **params)
-            return json.loads(request(self._socket(), "GET", url, self._timeout))
+            return json.loads(request(self._endpoint, "GET", url, self._timeout))
 
     def _delete(self, route: str, **params: Any) -> None:
         with self._slot():
-            request(self._socket(), "DELETE", self._url(route, **params), self._timeout)
+            request(self._endpoint, "DELETE", self._url(route, **params), self._timeout)
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:
@@ -83,7 +78,7 @@ class Engine:
             yield
 
     def ping(self) -> None:
-        request(self._socket(), "GET", "/_ping", self._timeout)
+        request(self._endpoint, "GET", "/_ping", self._timeout)
 
     def containers(self, label: str) -> list[dict[str, Any]]:
         return list(self.each_container(label))
@@ -94,7 +89,7 @@ class Engine:
         objects, and the process would keep that high-water mark for good."""
         with self._slot():
             url = self._url("/containers/json", all=1, filters=_filters(label=label))
-            stream = Stream(self._socket(), url, self._timeout)
+            stream = Stream(self._endpoint, url, self._timeout)
             try:
                 yield from json_array(stream.chunks(LISTING_CHUNK))
             finally:
@@ -104,7 +99,7 @@ class Engine:
         """Create and destroy events of containers with `label`, from `since` on."""
         filters = _filters(type="container", label=label, event=["create", "destroy"])
         url = self._url("/events", since=since, filters=filters)
-        return Events(Stream(self._socket(), url, self._timeout, endless=True))
+        return Events(Stream(self._endpoint, url, self._timeout, endless=True))
 
     def inspect(self, cid: str) -> dict[str, Any]:
         """What the engine says of one container (`Created`: RFC 3339, to the ns; `State`)."""

@@ -20,24 +20,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from exitwatch.engine.errors import refusal
+from exitwatch.engine.url import Endpoint
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
+class _Connection(http.client.HTTPConnection):
+    """http.client's connection, over whatever the endpoint connects (url.py)."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float | None) -> None:
         super().__init__("localhost", timeout=timeout)
-        self._path = path
+        self._endpoint = endpoint
         # Kept apart from `sock`, which http.client drops when an answer says "close".
         self.raw: socket.socket | None = None
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = self.raw = sock
+        self.sock = self.raw = self._endpoint.connect(self.timeout)
 
 
 def _cut_short(read: Callable[[], bytes]) -> bytes:
@@ -48,7 +44,7 @@ def _cut_short(read: Callable[[], bytes]) -> bytes:
         raise OSError(f"the engine's answer was cut short: {err!r}") from None
 
 
-def _release(conn: _UnixConnection, answer: http.client.HTTPResponse | None) -> None:
+def _release(conn: _Connection, answer: http.client.HTTPResponse | None) -> None:
     """Close the answer, the connection and its socket. An answer that says "close" makes
     http.client forget the socket, whose descriptor the answer's reader alone then holds."""
     if answer is not None:
@@ -59,12 +55,12 @@ def _release(conn: _UnixConnection, answer: http.client.HTTPResponse | None) -> 
 
 
 def _send(
-    path: str, method: str, url: str, timeout: float
-) -> tuple[_UnixConnection, http.client.HTTPResponse]:
+    endpoint: Endpoint, method: str, url: str, timeout: float
+) -> tuple[_Connection, http.client.HTTPResponse]:
     """Connect, send, and read the answer's head: the connection and the answer, with the
     socket still open. Raises EngineRefused (NotFound for a 404) for anything but a 2xx (a
     redirect too: nothing was done), OSError when no engine answers in HTTP."""
-    conn = _UnixConnection(path, timeout)
+    conn = _Connection(endpoint, timeout)
     answer = None
     try:
         conn.request(method, url)
@@ -80,9 +76,9 @@ def _send(
     return conn, answer
 
 
-def request(path: str, method: str, url: str, timeout: float) -> bytes:
+def request(endpoint: Endpoint, method: str, url: str, timeout: float) -> bytes:
     """The whole body of one call's 2xx answer. Raises as _send does."""
-    conn, answer = _send(path, method, url, timeout)
+    conn, answer = _send(endpoint, method, url, timeout)
     try:
         return _cut_short(answer.read)
     finally:
@@ -96,8 +92,10 @@ class Stream:
     down, which wakes that read, and the reader lets the connection go when the read
     returns (http.client's objects are not to be closed under a reader)."""
 
-    def __init__(self, path: str, url: str, timeout: float, *, endless: bool = False) -> None:
-        self._conn, self._answer = _send(path, "GET", url, timeout)
+    def __init__(
+        self, endpoint: Endpoint, url: str, timeout: float, *, endless: bool = False
+    ) -> None:
+        self._conn, self._answer = _send(endpoint, "GET", url, timeout)
         if endless and self._conn.raw is not None:  # quiet for as long as nothing happens
             self._conn.raw.settimeout(None)
         self._lock = threading.Lock()

@@ -1,15 +1,103 @@
-"""Which engine a Docker URL names: one reading for the agent, `exitwatch run` and adopt,
-so that all three speak to the same socket for the same DOCKER_HOST. Light to import:
-`exitwatch run` reads it at its start."""
+"""Which engine a URL names, and how to reach it: one reading for the agent, `exitwatch run`
+and `exitwatch adopt`, so that all three speak to the same engine for the same settings
+and DOCKER_HOST. Light to import: `exitwatch run` reads it at its start.
+
+The rules, decided here alone:
+- Only unix:// is spoken to. Owners are processes of this host, and an engine at tcp:// or
+  ssh:// is another host's (and would need TLS or a tunnel that the proxy would have to
+  terminate and speak again): the exitwatch of that host follows it.
+- As docker-py has it, unix://var/run/docker.sock is /var/run/docker.sock.
+- A setting given wins; else DOCKER_HOST, as the docker CLI reads it; else DEFAULT_URL.
+"""
 
 from __future__ import annotations
 
-DEFAULT_HOST = "unix:///var/run/docker.sock"
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_URL = "unix:///var/run/docker.sock"
+ENV = "DOCKER_HOST"
+SCHEME = "unix"
+# What an engine URL must be, in the words of every error about one (config's checks too).
+EXPECTED = (
+    f"a local engine's unix:// socket (owners are processes of this host), such as "
+    f"{DEFAULT_URL}; an engine reached by tcp:// or ssh:// is another host's, and is "
+    "followed by the exitwatch of that host"
+)
 
 
-def socket_path(url: str) -> str | None:
-    """The path of a unix:// engine URL; None for any other (tcp://, ssh://, ...). As
-    docker-py has it, unix://var/run/docker.sock is /var/run/docker.sock."""
-    scheme, _, rest = url.strip().partition("://")
-    path = "/" + rest.lstrip("/")
-    return path if scheme == "unix" and path != "/" else None
+class EndpointError(ValueError):
+    """A URL that names no engine exitwatch speaks to; one line: what it expected, and the
+    URL given. Callers put first where the URL came from (a setting, DOCKER_HOST)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"expected {EXPECTED}, got {url!r}")
+        self.url = url
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One engine: `url` as it was given (what status and messages show), and where it
+    listens. Nothing outside this package needs to know that it is a socket file."""
+
+    url: str
+    _path: str
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        """Raises EndpointError for a URL that is not a unix:// socket's."""
+        scheme, _, rest = url.strip().partition("://")
+        path = "/" + rest.lstrip("/")
+        if scheme != SCHEME or path == "/":
+            raise EndpointError(url)
+        return cls(url, path)
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def where(self) -> str:
+        """Where the engine listens, as a person would name it (its socket's path)."""
+        return self._path
+
+    def connect(self, timeout: float | None) -> socket.socket:
+        """A new connection to the engine, with `timeout` on each of its operations (None:
+        none). Raises OSError when nothing listens there."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def stat(self) -> os.stat_result:
+        """The engine's socket file: its owner, group and mode are who may speak to the
+        engine (`exitwatch adopt` gives its own socket the same). Raises OSError."""
+        return os.stat(self._path)
+
+
+def valid(url: str) -> bool:
+    """Whether `url` names an engine exitwatch speaks to (config checks)."""
+    try:
+        Endpoint.parse(url)
+    except EndpointError:
+        return False
+    return True
+
+
+def chosen(*settings: str | None, env: Mapping[str, str] = os.environ) -> Endpoint:
+    """The engine meant: the first of `settings` given, else DOCKER_HOST, else the default.
+    Raises EndpointError."""
+    for url in settings:
+        if url:
+            return Endpoint.parse(url)
+    return Endpoint.parse(env.get(ENV, "").strip() or DEFAULT_URL)
+
+
+def served(path: str) -> str:
+    """The URL of a socket this process serves at `path` (the run's, for its command)."""
+    return f"{SCHEME}://{path}"

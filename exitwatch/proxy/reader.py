@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import h11
 
 from exitwatch.contract import LABEL_OWNER_NAME
+from exitwatch.engine.api import Proxying
 from exitwatch.proxy import creation, framing, relay, routes, volumes
 from exitwatch.proxy.policy import Owned, Refuse
 from exitwatch.proxy.responses import HTTP, RAW, Responses
@@ -110,7 +111,7 @@ class Reader:
         upstream: socket.socket,
         owner: Owned | Refuse,
         responses: Responses,
-        engine: str,
+        engine: Proxying,
         budget: Budget,
     ) -> None:
         self.client, self.upstream, self.owner = client, upstream, owner

@@ -18,12 +18,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
 
 import h11
 
-from exitwatch.engine.url import DEFAULT_HOST, socket_path
-from exitwatch.proxy import relay
+from exitwatch.engine.oneshot import OneShot
+from exitwatch.engine.url import Endpoint
+from exitwatch.proxy import relay, volumes
 from exitwatch.proxy.policy import Owned, Policy, Refuse
 from exitwatch.proxy.reader import Budget, Reader
 from exitwatch.proxy.responses import Responses
@@ -41,27 +41,13 @@ class ProxyError(Exception):
     """The run's socket cannot be set up; the message is one line."""
 
 
-def engine_path(env: Mapping[str, str]) -> str:
-    """The unix socket of the engine the caller would have used: DOCKER_HOST, or the default.
-
-    Raises ProxyError for an engine that is not a unix socket: a tcp:// engine may need TLS
-    that the proxy would have to terminate and speak again, and an ssh:// one a tunnel.
-    """
-    host = env.get("DOCKER_HOST", "").strip() or DEFAULT_HOST
-    path = socket_path(host)
-    if path is not None:
-        return path
-    raise ProxyError(
-        f"DOCKER_HOST={host}: only an engine on a unix socket (unix://PATH) can be proxied"
-    )
-
-
 class Proxy:
     """Serves `listener` (a bound, listening unix socket) until stop(), forwarding to the
-    engine socket `engine`, each connection's creations labelled as `policy` says."""
+    engine at `engine`, each connection's creations labelled as `policy` says."""
 
-    def __init__(self, listener: socket.socket, engine: str, policy: Policy) -> None:
+    def __init__(self, listener: socket.socket, engine: Endpoint, policy: Policy) -> None:
         self._listener, self._engine, self._policy = listener, engine, policy
+        self._calls = OneShot(engine, volumes.TIMEOUT)  # the proxy's own requests
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._lock = threading.Lock()
@@ -107,13 +93,11 @@ class Proxy:
             owner = Refuse(f"the owner of this connection could not be found ({err})")
         if isinstance(owner, str):
             owner = Owned(owner)
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            upstream.connect(self._engine)
+            upstream = self._engine.connect(None)
         except OSError as err:
             # The client sees the connection closed, as a dead engine's socket would refuse it.
             log.debug("engine %s: %s", self._engine, err.strerror)
-            upstream.close()
             client.close()
             return
         self.reached = True
@@ -127,7 +111,7 @@ class Proxy:
             else:
                 responses = Responses(upstream, client)
                 self._workers.submit(_run, responses, back)
-                Reader(client, upstream, owner, responses, self._engine, self._budget).run()
+                Reader(client, upstream, owner, responses, self._calls, self._budget).run()
         except (OSError, h11.ProtocolError) as err:
             log.debug("proxy connection: %s", err)
             relay.cut(client, upstream)

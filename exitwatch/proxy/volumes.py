@@ -8,36 +8,23 @@ volume this call creates carries the owner.
 
 from __future__ import annotations
 
-import json
-
-import h11
-
-from exitwatch.engine import oneshot
+from exitwatch.engine.api import Proxying
+from exitwatch.engine.errors import EngineRefused
+from exitwatch.engine.oneshot import NoAnswer
 from exitwatch.proxy.creation import Volume
 
 TIMEOUT = 60.0  # seconds for the engine to answer a volume create
 
 
-def create(engine: str, volume: Volume) -> tuple[int, str] | None:
-    """Create `volume` through the engine socket `engine` unless it exists; None when it
-    is there now, else the status and the message to refuse the container create with."""
-    doc: dict[str, object] = {"Name": volume.name, "Labels": dict(volume.labels)}
-    if volume.driver:
-        doc["Driver"] = volume.driver
-    if volume.options:
-        doc["DriverOpts"] = dict(volume.options)
+def create(engine: Proxying, volume: Volume) -> tuple[int, str] | None:
+    """Create `volume` through `engine` unless it exists; None when it is there now, else
+    the status and the message to refuse the container create with."""
     try:
-        status, answer = oneshot.request(
-            engine, "POST", "/volumes/create", json.dumps(doc).encode(), TIMEOUT
-        )
-    except (OSError, h11.ProtocolError) as err:
-        return 502, f"the engine did not answer a create of volume {volume.name!r}: {err}"
-    if not status:
+        engine.create_volume(volume.name, volume.labels, volume.driver, volume.options)
+    except EngineRefused as err:
+        return err.status, f"volume {volume.name!r}, created first to label it: {err.message}"
+    except NoAnswer:
         return 502, f"the engine closed the connection on a create of volume {volume.name!r}"
-    if 200 <= status < 300:
-        return None
-    try:
-        message = str(json.loads(answer).get("message", ""))
-    except (ValueError, AttributeError):
-        message = answer.decode("utf-8", "replace").strip()
-    return status, f"volume {volume.name!r}, created first to label it: {message}"
+    except OSError as err:
+        return 502, f"the engine did not answer a create of volume {volume.name!r}: {err}"
+    return None

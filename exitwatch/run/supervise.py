@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN
+from exitwatch.engine import url
 from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner, OwnerError, owner_of
 from exitwatch.proxy.policy import Always
-from exitwatch.proxy.server import Proxy, ProxyError, engine_path, listen
+from exitwatch.proxy.server import Proxy, ProxyError, listen
 from exitwatch.run import dirs
 
 PR_SET_PDEATHSIG = 1
@@ -72,10 +73,12 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
     cannot be set up."""
     try:
         owner = owner_of()
-        engine = engine_path(env)
+        engine = url.chosen(env=env)  # the engine CMD's client would have used
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         bases = dirs.pick(env, settings.tmpdir)
-    except (OwnerError, ProxyError, OSError, dirs.NoPlace) as err:
+    except url.EndpointError as err:
+        raise RunError(f"{url.ENV}: {err}") from None
+    except (OwnerError, OSError, dirs.NoPlace) as err:
         raise RunError(str(err)) from None
     for note in bases.notes:
         _say(note)
@@ -92,7 +95,7 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
             # path names by then; clients connect by the path, which nobody else can change.
             listener = listen(made[0].path, dir_fd=made[0].fd)
             child_env = dict(env)
-            child_env["DOCKER_HOST"] = f"unix://{made[0].path}/docker.sock"
+            child_env[url.ENV] = url.served(f"{made[0].path}/docker.sock")
             child_env[ENV_OWNER] = child_env[ENV_RUN] = str(owner)
             if bases.tmpdir is not None:
                 base = bases.tmpdir
@@ -245,7 +248,7 @@ def _end_descendants(grace: float) -> None:
         signal.sigtimedwait({signal.SIGCHLD}, 0.05)
 
 
-def _cleanup(owner: Owner, engine: str, made: list[dirs.Made], reached: bool) -> None:
+def _cleanup(owner: Owner, engine: url.Endpoint, made: list[dirs.Made], reached: bool) -> None:
     """Remove what the run holds: its containers (compose projects whole), networks and
     volumes, then its directories. Says what could not go; the agent retries that once the
     wrapper is gone. `reached`: whether the engine ever took a connection of the socket's."""
@@ -253,7 +256,7 @@ def _cleanup(owner: Owner, engine: str, made: list[dirs.Made], reached: bool) ->
     from exitwatch.kinds.docker.kind import Containers
 
     outcomes: list[Outcome] = []
-    docker = Containers(host=f"unix://{engine}")
+    docker = Containers(host=engine.url)
     try:
         try:
             outcomes += docker.remove(owner, docker.owned(owner), dry_run=False, how=ENDED)

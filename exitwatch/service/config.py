@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from exitwatch.engine import url
 from exitwatch.sources import MODES
 
 DEFAULT_PATH = "/etc/exitwatch/config.toml"
@@ -150,8 +151,8 @@ class Config:
                 "an absolute path of less than 108 bytes (a socket's address)",
             ),
             "docker_host": (
-                adopt.docker_host is None or adopt.docker_host.startswith("unix://"),
-                "a local engine's unix:// socket (owners are processes of this host)",
+                adopt.docker_host is None or url.valid(adopt.docker_host),
+                url.EXPECTED,
             ),
             "rules": (
                 all(r.strip() and "\0" not in r for r in adopt.rules),

@@ -20,6 +20,7 @@ import pytest
 from exitwatch import procfs
 from exitwatch.adopt.peers import Adopting
 from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME
+from exitwatch.engine.url import Endpoint
 from exitwatch.proxy.server import Proxy, listen
 
 from support.adopt import (
@@ -65,7 +66,9 @@ def served(engine, monkeypatch) -> Iterator[tuple[Path, _Failing]]:
     failing = _Failing()
     monkeypatch.setattr(procfs, "cmdline", failing)
     where = tempfile.mkdtemp(prefix="exitwatch-adopt-")
-    proxy = Proxy(listen(where), str(engine.socket), Adopting((), str(engine.socket)))
+    proxy = Proxy(
+        listen(where), Endpoint.parse(engine.host), Adopting((), Endpoint.parse(engine.host))
+    )
     proxy.start()
     try:
         yield Path(where, "docker.sock"), failing

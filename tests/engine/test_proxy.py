@@ -20,6 +20,7 @@ import h11
 import pytest
 
 from exitwatch.contract import LABEL_OWNER
+from exitwatch.engine.url import Endpoint
 from exitwatch.owner import owner_of
 from exitwatch.proxy.policy import Always
 from exitwatch.proxy.server import Proxy, listen
@@ -49,7 +50,7 @@ CLIS = [
 def proxied(engine) -> Iterator[str]:
     """The DOCKER_HOST of a run's socket in front of the private engine, labelling with OWNER."""
     where = tempfile.mkdtemp(prefix="exitwatch-proxy-")
-    proxy = Proxy(listen(where), str(engine.socket), Always(OWNER))
+    proxy = Proxy(listen(where), Endpoint.parse(engine.host), Always(OWNER))
     proxy.start()
     try:
         yield f"unix://{where}/docker.sock"

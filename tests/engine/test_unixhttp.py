@@ -14,7 +14,8 @@ import pytest
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.engine import errors
 from exitwatch.engine import http as enginehttp
-from exitwatch.engine.client import Engine
+from exitwatch.engine.client import Client
+from exitwatch.engine.url import Endpoint
 from exitwatch.kinds.docker.attempts import attempt
 
 from support.agentproc import container, exists
@@ -22,8 +23,8 @@ from support.procs import wait_for
 
 
 @pytest.fixture
-def api(engine) -> Engine:
-    return Engine(str(engine.socket), 15.0)
+def api(engine) -> Client:
+    return Client(Endpoint.parse(engine.host), 15.0)
 
 
 def test_removes_a_running_container(engine, api):
@@ -44,7 +45,7 @@ def test_a_missing_container_is_not_found(api, cid):
 def test_an_engine_refusal_is_a_client_error_not_a_not_found(engine):
     # An API version the engine does not speak: a 400 with its message.
     with pytest.raises(errors.EngineRefused) as caught:
-        enginehttp.request(str(engine.socket), "DELETE", "/v0.1/containers/x", 15.0)
+        enginehttp.request(Endpoint.parse(engine.host), "DELETE", "/v0.1/containers/x", 15.0)
     assert 400 <= caught.value.status < 500 and not isinstance(caught.value, errors.NotFound)
     assert caught.value.message
 

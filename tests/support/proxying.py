@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import h11
 
+from exitwatch.engine.url import Endpoint
 from exitwatch.owner import owner_of
 from exitwatch.proxy.policy import Policy
 from exitwatch.proxy.server import Proxy, listen
@@ -24,7 +25,7 @@ DEADLINE = 30.0  # seconds for any one exchange: a hang fails the test instead o
 def serving(engine, policy: Policy) -> Iterator[str]:
     """The path of a labelling socket in front of the private engine, with `policy`."""
     where = tempfile.mkdtemp(prefix="exitwatch-proxy-")
-    proxy = Proxy(listen(where), str(engine.socket), policy)
+    proxy = Proxy(listen(where), Endpoint.parse(engine.host), policy)
     proxy.start()
     try:
         yield f"{where}/docker.sock"

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from exitwatch.engine import url
+
 from support.cli import EXITWATCH, exitwatch
 
 
@@ -50,8 +52,7 @@ def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
     done = exitwatch("reap", "--workdir-root", str(tmp_path), "--audit-log", "", env=env)
     assert done.returncode != 0
     assert done.stderr.strip() == (
-        "Error: containers.docker_host: expected a local engine's unix:// socket (owners are "
-        "processes of this host), got 'tcp://10.0.0.5:2375'"
+        f"Error: containers.docker_host: expected {url.EXPECTED}, got 'tcp://10.0.0.5:2375'"
     )
 
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import tempfile
 
+from exitwatch.engine.url import Endpoint
 from exitwatch.owner import owner_of
 from exitwatch.proxy.policy import Always
 from exitwatch.proxy.server import Proxy, listen
@@ -17,7 +18,7 @@ OWNER = str(owner_of())
 
 def test_no_engine_is_an_error_as_without_the_socket(tmp_path) -> None:
     where = tempfile.mkdtemp(prefix="exitwatch-proxy-")
-    proxy = Proxy(listen(where), str(tmp_path / "none.sock"), Always(OWNER))
+    proxy = Proxy(listen(where), Endpoint.parse(f"unix://{tmp_path}/none.sock"), Always(OWNER))
     proxy.start()
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}

@@ -20,9 +20,9 @@ import pytest
 import exitwatch
 from exitwatch.engine import errors
 from exitwatch.engine import http as enginehttp
-from exitwatch.engine import url as engine_url
-from exitwatch.engine.client import Engine, json_array
+from exitwatch.engine.client import Client, json_array
 from exitwatch.engine.errors import describe
+from exitwatch.engine.url import Endpoint
 from exitwatch.kinds.docker import attempts
 from exitwatch.kinds.docker.attempts import EngineError
 from exitwatch.kinds.docker.kind import Containers
@@ -72,18 +72,9 @@ def test_json_array_refuses_what_is_not_a_whole_listing(chunks, why):
 
 def test_no_engine_is_an_os_error(tmp_path):
     with pytest.raises(OSError):
-        enginehttp.request(str(tmp_path / "none.sock"), "DELETE", "/containers/x", 1.0)
-
-
-def test_a_url_that_is_not_a_unix_socket_is_refused_by_every_call() -> None:
-    assert engine_url.socket_path("unix:///run/docker.sock") == "/run/docker.sock"
-    for url in ("tcp://127.0.0.1:2375", "ssh://host", "unix://", "/run/docker.sock"):
-        assert engine_url.socket_path(url) is None
-    kind = Containers("tcp://127.0.0.1:2375")
-    problem = kind.ping()
-    assert problem is not None and "tcp://127.0.0.1:2375" in problem and "unix://" in problem
-    with pytest.raises(EngineError, match="only a local engine"):
-        kind.scan()
+        enginehttp.request(
+            Endpoint.parse(f"unix://{tmp_path}/none.sock"), "DELETE", "/containers/x", 1.0
+        )
 
 
 class StandIn:
@@ -93,6 +84,7 @@ class StandIn:
 
     def __init__(self, path: Path, answer: bytes | Callable[[str], bytes], hold: bool) -> None:
         self.path, self._hold = str(path), hold
+        self.endpoint = Endpoint.parse(f"unix://{path}")
         self._answer = answer if callable(answer) else lambda _: answer
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
@@ -138,12 +130,12 @@ def sockets(monkeypatch: pytest.MonkeyPatch) -> list[socket.socket]:
     """Every socket the client connects, to see that each is let go."""
     made: list[socket.socket] = []
 
-    class Tracked(enginehttp._UnixConnection):
+    class Tracked(enginehttp._Connection):
         def connect(self) -> None:
             super().connect()
             made.append(self.raw)
 
-    monkeypatch.setattr(enginehttp, "_UnixConnection", Tracked)
+    monkeypatch.setattr(enginehttp, "_Connection", Tracked)
     return made
 
 
@@ -165,7 +157,7 @@ VERSION = _http("200 OK", b'{"ApiVersion": "1.41"}')
 
 def test_the_api_version_is_asked_once_and_again_after_close(stand_in) -> None:
     server = stand_in(lambda path: VERSION if path == "/version" else _http("200 OK", b"{}"))
-    api = Engine(server.path, 5.0)
+    api = Client(server.endpoint, 5.0)
     api.inspect("c")
     api.remove_volume("v")
     api.close()
@@ -189,7 +181,7 @@ def test_a_listing_in_chunks_is_read_whole_and_every_socket_let_go(stand_in, soc
             _http("200 OK", b'{"ApiVersion": "1.41"}', *head) if path == "/version" else listing
         )
     )
-    assert Engine(server.path, 5.0).containers("x") == items
+    assert Client(server.endpoint, 5.0).containers("x") == items
     assert len(sockets) == 2 and all(s.fileno() == -1 for s in sockets)
 
 
@@ -226,7 +218,7 @@ def test_attempt_tries_again_only_what_may_pass(monkeypatch, failures, again, ca
 def test_a_refusal_carries_the_engines_status_and_message(stand_in) -> None:
     server = stand_in(_http("500 Internal Server Error", b'{"message": "disk full"}'))
     with pytest.raises(errors.EngineRefused) as caught:
-        enginehttp.request(server.path, "DELETE", "/v1.41/volumes/v", 5.0)
+        enginehttp.request(server.endpoint, "DELETE", "/v1.41/volumes/v", 5.0)
     err = caught.value
     assert (err.status, err.message) == (500, "disk full")
     assert not isinstance(err, errors.NotFound)
@@ -237,10 +229,10 @@ def test_a_refusal_carries_the_engines_status_and_message(stand_in) -> None:
 def test_a_404_is_not_found_and_a_redirect_is_no_success(stand_in) -> None:
     gone = stand_in(_http("404 Not Found", b'{"message": "No such container: x"}'))
     with pytest.raises(errors.NotFound, match="No such container"):
-        enginehttp.request(gone.path, "DELETE", "/containers/x", 5.0)
+        enginehttp.request(gone.endpoint, "DELETE", "/containers/x", 5.0)
     moved = stand_in(_http("301 Moved Permanently", b"", "Location: /x"))
     with pytest.raises(errors.EngineRefused) as caught:
-        enginehttp.request(moved.path, "DELETE", "/containers/../x", 5.0)
+        enginehttp.request(moved.endpoint, "DELETE", "/containers/../x", 5.0)
     assert caught.value.status == 301
 
 
@@ -255,14 +247,14 @@ def test_a_404_is_not_found_and_a_redirect_is_no_success(stand_in) -> None:
 def test_what_is_not_a_whole_http_answer_is_one_os_error(stand_in, answer, why) -> None:
     server = stand_in(answer)
     with pytest.raises(OSError, match=why) as caught:
-        enginehttp.request(server.path, "GET", "/_ping", 5.0)
+        enginehttp.request(server.endpoint, "GET", "/_ping", 5.0)
     assert "\n" not in describe(caught.value)
 
 
 def test_an_engine_without_an_api_version_is_named(stand_in) -> None:
     server = stand_in(_http("200 OK", b'{"Version": "x"}'))
     with pytest.raises(ValueError, match="gave no API version: None"):
-        Engine(server.path, 5.0).inspect("c")
+        Client(server.endpoint, 5.0).inspect("c")
 
 
 # An answer that says "close" makes http.client forget the socket: the stream must let it go
@@ -276,7 +268,7 @@ def test_closing_a_stream_from_another_thread_wakes_its_reader(stand_in, sockets
     event = b'{"Action": "create"}\n'
     head = f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n{close}\r\n"
     server = stand_in(head.encode() + b"%x\r\n%s\r\n" % (len(event), event), hold=True)
-    stream = enginehttp.Stream(server.path, "/events", 0.2, endless=True)
+    stream = enginehttp.Stream(server.endpoint, "/events", 0.2, endless=True)
     seen: list[object] = []
     failed: list[BaseException] = []
 
@@ -304,7 +296,7 @@ def test_closing_a_stream_from_another_thread_wakes_its_reader(stand_in, sockets
 def test_a_stream_closed_before_any_read_ends_at_once(stand_in, sockets, close) -> None:
     head = f"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n{close}\r\n"
     server = stand_in(head.encode(), hold=True)
-    stream = enginehttp.Stream(server.path, "/events", 0.2, endless=True)
+    stream = enginehttp.Stream(server.endpoint, "/events", 0.2, endless=True)
     stream.close()
     assert sockets[0].fileno() == -1
     assert list(stream.objects()) == []

@@ -1,5 +1,5 @@
-"""The labelling socket in its pure rules: which engine it fronts, a socket path too long, the
-policy of `exitwatch run`, the budget of creation bodies, and which handler the engine runs
+"""The labelling socket in its pure rules: a socket path too long, the policy of `exitwatch
+run`, the budget of creation bodies, and which handler the engine runs
 for a request target (proxy/routes.py, read as Go's net/http and gorilla/mux read it).
 creation.py's rules are in test_proxy_creation.py; engine/test_proxy_attacks.py tries them
 on the real engine."""
@@ -15,17 +15,7 @@ import pytest
 from exitwatch.proxy.policy import Always
 from exitwatch.proxy.reader import Budget
 from exitwatch.proxy.routes import Refused, Route, build_target, clean_path, request_path, route
-from exitwatch.proxy.server import ProxyError, engine_path, listen
-
-
-def test_engine_path() -> None:
-    assert engine_path({}) == "/var/run/docker.sock"
-    assert engine_path({"DOCKER_HOST": "unix:///run/x.sock"}) == "/run/x.sock"
-    # As the agent reads it (engine/url.py): the same socket for the same URL.
-    assert engine_path({"DOCKER_HOST": "unix://var/run/docker.sock"}) == "/var/run/docker.sock"
-    for host in ("tcp://127.0.0.1:2375", "ssh://me@host", "unix://"):
-        with pytest.raises(ProxyError, match="only an engine on a unix socket"):
-            engine_path({"DOCKER_HOST": host})
+from exitwatch.proxy.server import ProxyError, listen
 
 
 def test_a_socket_path_too_long_is_one_line(tmp_path: Path) -> None:

@@ -25,7 +25,9 @@ def test_an_engine_that_is_not_a_unix_socket_is_refused(bases, tmp_path) -> None
     env = env_for(bases, DOCKER_HOST="tcp://127.0.0.1:2375")
     done = run(["--", "touch", "ran"], env, cwd=tmp_path)
     assert done.returncode == 125
-    assert done.stderr.count("\n") == 1 and "only an engine on a unix socket" in done.stderr
+    said = "DOCKER_HOST: expected a local engine's unix:// socket"
+    assert done.stderr.count("\n") == 1 and said in done.stderr
+    assert done.stderr.rstrip().endswith("got 'tcp://127.0.0.1:2375'"), done.stderr
     assert not (tmp_path / "ran").exists()
     assert list(bases.iterdir()) == []
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypedDict
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, LABEL_OWNER_NAME, kept
-from exitwatch.engine.client import ENGINE_ERRORS, Engine, Events
+from exitwatch.engine import api
+from exitwatch.engine.client import ENGINE_ERRORS, Client
 from exitwatch.engine.errors import describe
-from exitwatch.engine.url import DEFAULT_HOST, socket_path
+from exitwatch.engine.url import Endpoint, chosen
 from exitwatch.kinds.base import (
     Found,
     Gone,
@@ -77,7 +77,7 @@ def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
     return Resource(KIND, cid, owner, name, project, owner_name=about)
 
 
-def _snapshot(engine: Engine) -> Snapshot:
+def _snapshot(engine: api.Engine) -> Snapshot:
     listed = engine.each_container(LABEL_OWNER)
     found = (_resource(c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
     return Snapshot(KIND, tuple(r for r in found if r is not None))
@@ -104,15 +104,21 @@ class Containers(ResourceKind):
     kind = KIND
 
     def __init__(
-        self, host: str | None = None, timeout: float = TIMEOUT, concurrency: int = CONCURRENCY
+        self,
+        host: str | None = None,
+        timeout: float = TIMEOUT,
+        concurrency: int = CONCURRENCY,
+        client: api.Connect = Client,
     ) -> None:
-        # Without a host, like the docker CLI: DOCKER_HOST, or the default socket.
-        self.host: str = host or os.environ.get("DOCKER_HOST", "").strip() or DEFAULT_HOST
-        self._socket = socket_path(self.host)
-        self._timeout = timeout
+        """`host`: the engine's URL; without it, like the docker CLI: DOCKER_HOST, or the
+        default (engine/url.py). Raises EndpointError for one that names no engine spoken
+        to. `client` makes a client of the engine (a fake one, in tests)."""
+        self.endpoint: Endpoint = chosen(host)
+        self.host: str = self.endpoint.url
+        self._client, self._timeout = client, timeout
         # One bound on the engine for every removal job at once: a dead owner with 1,000
         # containers, or 100 dead owners, send `concurrency` requests, not jobs x threads.
-        self._engine = Engine(self._socket, timeout, concurrency)
+        self._engine = client(self.endpoint, timeout, concurrency)
         self._removers = ThreadPoolExecutor(concurrency, thread_name_prefix="exitwatch-rm")
         self.connected = False
         self.reconnects = 0
@@ -120,7 +126,7 @@ class Containers(ResourceKind):
         self._since: str | None = None
         self._followed = self._down = False
         self._lock = threading.Lock()
-        self._stream: Events | None = None
+        self._stream: api.Events | None = None
         # The boot time (compose.boot_time) as it was when each owner was first seen: a
         # clock stepped since then is told by it (compose.started_at).
         self._seen: dict[Owner, float] = {}
@@ -190,9 +196,9 @@ class Containers(ResourceKind):
     def _watch(self, notify: Notify, stop_fd: int) -> None:
         delay = BACKOFF_MIN
         while not stopped(stop_fd):
-            # An Engine per connection: it asks the API version of the engine that answers now,
+            # A client per connection: it asks the API version of the engine that answers now,
             # and a stream stuck on a dead engine holds nothing that removals need.
-            engine = Engine(self._socket, self._timeout)
+            engine = self._client(self.endpoint, self._timeout, 0)
             try:
                 self._follow(engine, notify, stop_fd)
                 problem = "the events stream ended"
@@ -224,7 +230,7 @@ class Containers(ResourceKind):
                 break
             delay = min(delay * 2, BACKOFF_MAX)
 
-    def _follow(self, engine: Engine, notify: Notify, stop_fd: int) -> None:
+    def _follow(self, engine: api.Engine, notify: Notify, stop_fd: int) -> None:
         """Subscribe first, then report a Snapshot, then each event until the stream ends."""
         since = self._since or _ns_time(time.time_ns() - SINCE_MARGIN_NS)
         stream = engine.events(since, LABEL_OWNER)

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
-from exitwatch.engine.client import ENGINE_ERRORS, Engine
+from exitwatch.engine.api import Engine
+from exitwatch.engine.client import ENGINE_ERRORS
 from exitwatch.engine.errors import describe
 from exitwatch.kinds.base import Outcome
 from exitwatch.kinds.docker import compose

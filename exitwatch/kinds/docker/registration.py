@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exitwatch.engine.url import socket_path
+from exitwatch.engine import url
 from exitwatch.kinds.base import Metric, Registration
 from exitwatch.kinds.docker.kind import CONCURRENCY, KIND, Containers
 
@@ -19,7 +19,7 @@ class Settings:
     networks and volumes."""
     docker_host: str | None = None
     """The local Docker engine's socket, a unix:// URL; unset: DOCKER_HOST, or the default
-    socket."""
+    socket (exitwatch/engine/url.py has the rules)."""
     concurrency: int = CONCURRENCY
     """At most this many requests to the Docker engine are under way at once for removals
     (of containers, their networks and volumes, and the listings they need), over every
@@ -28,10 +28,7 @@ class Settings:
 
     def checks(self) -> dict[str, tuple[bool, str]]:
         return {
-            "docker_host": (
-                self.docker_host is None or self.docker_host.startswith("unix://"),
-                "a local engine's unix:// socket (owners are processes of this host)",
-            ),
+            "docker_host": (self.docker_host is None or url.valid(self.docker_host), url.EXPECTED),
             "concurrency": (1 <= self.concurrency <= 256, "an integer in 1..256"),
         }
 
@@ -39,13 +36,10 @@ class Settings:
 def _make(settings: Settings) -> Containers:
     """Raises ValueError for an engine that is not a local socket (DOCKER_HOST may name
     one): owners of another host carry another boot id, which reads as "rebooted"."""
-    containers = Containers(settings.docker_host, concurrency=settings.concurrency)
-    if socket_path(containers.host) is None:
-        raise ValueError(
-            "docker_host: expected a local engine's unix:// socket (owners are processes of "
-            f"this host), got {containers.host!r}"
-        )
-    return containers
+    try:
+        return Containers(settings.docker_host, concurrency=settings.concurrency)
+    except url.EndpointError as err:
+        raise ValueError(f"docker_host: {err}") from None
 
 
 def _health_lines(docker: dict) -> list[str]:

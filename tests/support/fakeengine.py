@@ -1,13 +1,14 @@
-"""An engine in memory: exitwatch.engine.api.Engine, the docker kind's narrow interface, as
-Ryuk's tests fake its dockerClient. Containers with labels (compose's among them), networks
-and volumes, the events of labelled containers, and ways to fail: refuse every connection
-(down), queue errors for a call (a refusal with a status, a 404, a timeout), or make a call
-slow. It answers as the real engine does where the kind's rules depend on it: a 404 for
-what is gone, 403 for a network with containers on it, 409 for a volume in use, the
-label filters, the users of a network or volume, create and destroy events.
+"""An engine in memory: exitwatch.engine.api.Engine, the docker kind's narrow interface, and
+api.Proxying, the labelling proxy's, as Ryuk's tests fake its dockerClient. Containers
+with labels (compose's among them), networks and volumes, the events of labelled
+containers, and ways to fail: refuse every connection (down), queue errors for a call (a
+refusal with a status, a 404, a timeout), or make a call slow. It answers as the real
+engine does where the kind's rules depend on it: a 404 for what is gone, 403 for a network
+with containers on it, 409 for a volume in use, the label filters, the users of a network
+or volume, create and destroy events.
 
-Give it to the kind as its client: Containers(URL, client=fake.connect).
-"""
+Give it to the kind as its client: Containers(URL, client=fake.connect); to the proxy's
+volumes.create as it is."""
 
 from __future__ import annotations
 
@@ -211,6 +212,15 @@ class FakeEngine:
 
     def close(self) -> None:
         self._call("close", "")
+
+    # -- api.Proxying (inspect is the kind's too) ----------------------------------------------
+
+    def create_volume(
+        self, name: str, labels: Mapping[str, str], driver: str, options: Mapping[str, str]
+    ) -> None:
+        """As the engine does: a volume that exists already stays as it is, labels and all."""
+        with self._answer("create_volume", name):
+            self.volumes_.setdefault(name, {"Name": name, "Labels": dict(labels)})
 
     # -- inside ------------------------------------------------------------------------------
 

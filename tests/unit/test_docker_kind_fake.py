@@ -1,9 +1,10 @@
-"""The docker kind's rules against a fake engine (support/fakeengine.py), no engine needed:
-a compose project goes as a whole, unlabelled containers join it only when they are of the
+"""The docker kind's rules against a fake engine (support/fakeengine.py), no engine needed: a
+compose project goes as a whole, unlabelled containers join it only when they are of the
 owner's instance (compose.py), the owner's networks and volumes go and others' stay,
-exitwatch.keep=true is exempt, and how each answer of the engine is taken: a 404 counts
-as done, a refusal below 500 is final, an engine error proves nothing and is tried again.
-engine/test_docker.py proves the same rules on the real engine."""
+exitwatch.keep=true is exempt, and how each answer of the engine is taken: a 404 counts as
+done, a refusal below 500 is final, an engine error proves nothing and is tried again; two
+engines as two clients, and the proxy's volume created first. engine/test_docker.py proves
+the same rules on the real engine."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_KEEP, LABEL_OWNER
 from exitwatch.engine import api
 from exitwatch.engine.client import Client
 from exitwatch.engine.errors import NotFound
+from exitwatch.engine.oneshot import OneShot
 from exitwatch.kinds.base import Found, Gone, Outcome, Snapshot
 from exitwatch.kinds.docker import attempts
 from exitwatch.kinds.docker.attempts import EngineError
 from exitwatch.kinds.docker.compose import LABEL_CONFIG_FILES, LABEL_WORKING_DIR
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.owner import Owner, owner_of
+from exitwatch.proxy import volumes
+from exitwatch.proxy.creation import Volume
 
 from support.fakeengine import FakeEngine, refused
 from support.procs import killed_owner, wait_for
@@ -267,4 +271,45 @@ def test_the_fake_and_the_client_make_exactly_the_interfaces_calls(impl: type) -
     assert calls >= {"containers", "events", "inspect", "remove_container", "remove_volume"}
     for name in calls:
         want = inspect.signature(getattr(api.Engine, name)).parameters
+        assert list(inspect.signature(getattr(impl, name)).parameters) == list(want), name
+
+
+# -- several engines, the proxy's calls ------------------------------------------------------
+
+
+def test_two_engines_are_two_clients_each_reaping_its_own(dead, monkeypatch) -> None:
+    monkeypatch.setattr(attempts, "RETRY_PAUSE", 0.0)
+    one, two = FakeEngine(), FakeEngine()
+    first = Containers("unix:///run/one.sock", client=one.connect)
+    second = Containers("unix:///run/user/1000/docker.sock", client=two.connect)
+    try:
+        one.add_container("a", owned(dead))
+        kept = two.add_container("b", owned(dead))
+        two.down = True  # the other engine going changes nothing here
+        assert all(o.ok for o in reap(first, dead)) and not one.containers_
+        assert second.ping() is not None and kept in two.containers_
+        assert first.health()["endpoint"] == "unix:///run/one.sock"
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_the_proxy_labels_only_the_volumes_it_creates_and_passes_refusals_on(fake) -> None:
+    fake.add_volume("pre")
+    labels = {LABEL_OWNER: "o"}
+    assert volumes.create(fake, Volume("pre", labels=labels)) is None
+    assert volumes.create(fake, Volume("made", labels=labels)) is None
+    assert fake.volumes_["pre"]["Labels"] == {} and fake.volumes_["made"]["Labels"] == labels
+    fake.fail("create_volume", refused(400, "bad driver"), OSError("timed out"))
+    said = "volume 'x', created first to label it: bad driver"
+    assert volumes.create(fake, Volume("x", driver="nope")) == (400, said)
+    gone = volumes.create(fake, Volume("x"))
+    assert gone == (502, "the engine did not answer a create of volume 'x': timed out")
+    assert "x" not in fake.volumes_
+
+
+@pytest.mark.parametrize("impl", [FakeEngine, OneShot])
+def test_the_fake_and_the_proxys_client_make_exactly_its_calls(impl: type) -> None:
+    for name in ("create_volume", "inspect"):
+        want = inspect.signature(getattr(api.Proxying, name)).parameters
         assert list(inspect.signature(getattr(impl, name)).parameters) == list(want), name

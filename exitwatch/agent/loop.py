@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TypedDict, TypeVar
+from typing import TypeVar
 
 from exitwatch import shutdown
 from exitwatch.agent.index import Index
 from exitwatch.agent.rechecks import Rechecks
 from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
-from exitwatch.agent.record import Recorder
+from exitwatch.agent.record import Gauges, Recorder, gauges
 from exitwatch.agent.removals import Done, Pending, Removals
 from exitwatch.agent.settings import Settings
 from exitwatch.kinds import registry
@@ -36,17 +36,6 @@ COUNTERS = (
     # and each kind's own, which its removals move (hook_runs, ...)
     *(key for reg in registry.KINDS for key in reg.counters),
 )
-
-
-class Gauges(TypedDict):
-    """What the metrics' gauges read of the loop (service/metrics.py)."""
-
-    owners: int  # live owners holding resources
-    resources: dict[str, int]  # of live owners, by kind; every kind, held or not
-    pending: int  # removal jobs running or waiting to retry
-    oldest_pending: float  # seconds since the oldest job's owner died, hooks aside
-    last_reconcile: float  # unix time the last one ended; 0 before the first
-    reconcile_interval: float  # 0: only at start
 
 
 @dataclass(frozen=True)
@@ -392,23 +381,10 @@ class Agent:
         return counters
 
     def gauges(self) -> Gauges:
-        last = self._periodic.last
-        jobs = self._removals.jobs()
-        return {
-            "owners": len(self.index),
-            # Every kind, held or not: a series that appears only once a kind holds
-            # something reads "no data" on a dashboard or to an alert until then.
-            "resources": dict.fromkeys(self.kinds, 0) | dict(+self.index.counts),
-            "pending": len(jobs),
-            # Only kinds whose long removal says something hangs (not hooks): that is what
-            # this gauge is watched for.
-            "oldest_pending": max(
-                (time.monotonic() - job.at for job in jobs if job.kind.ages_pending),
-                default=0.0,
-            ),
-            "last_reconcile": round(last.at, 3) if last else 0,
-            "reconcile_interval": self._periodic.interval,
-        }
+        periodic = self._periodic
+        return gauges(
+            self.index, self._removals.jobs(), self.kinds, periodic.last, periodic.interval
+        )
 
     @property
     def periodic(self) -> Periodic:

@@ -7,12 +7,18 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 from exitwatch.agent.audit import AuditLog
 from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner
+
+if TYPE_CHECKING:  # only named here: both import this module
+    from exitwatch.agent.index import Index
+    from exitwatch.agent.reconcile import Last
+    from exitwatch.agent.removals import Job
 
 log = logging.getLogger("exitwatch.reap")
 
@@ -103,3 +109,36 @@ class Recorder:
             reap.result,
             extra={"fields": {"event": verb.replace(" ", "_"), **asdict(reap)}},
         )
+
+
+class Gauges(TypedDict):
+    """What the metrics' gauges read of the loop (service/metrics.py)."""
+
+    owners: int  # live owners holding resources
+    resources: dict[str, int]  # of live owners, by kind; every kind, held or not
+    pending: int  # removal jobs running or waiting to retry
+    oldest_pending: float  # seconds since the oldest job's owner died, hooks aside
+    last_reconcile: float  # unix time the last one ended; 0 before the first
+    reconcile_interval: float  # 0: only at start
+
+
+def gauges(
+    index: Index, jobs: Sequence[Job], kinds: Iterable[str], last: Last | None, interval: float
+) -> Gauges:
+    """The gauges of the agent's loop: what its index holds, its removal jobs, and its
+    last reconcile. Called on the loop's thread (Agent.ask)."""
+    return {
+        "owners": len(index),
+        # Every kind, held or not: a series that appears only once a kind holds
+        # something reads "no data" on a dashboard or to an alert until then.
+        "resources": dict.fromkeys(kinds, 0) | dict(+index.counts),
+        "pending": len(jobs),
+        # Only kinds whose long removal says something hangs (not hooks): that is what
+        # this gauge is watched for.
+        "oldest_pending": max(
+            (time.monotonic() - job.at for job in jobs if job.kind.ages_pending),
+            default=0.0,
+        ),
+        "last_reconcile": round(last.at, 3) if last else 0,
+        "reconcile_interval": interval,
+    }

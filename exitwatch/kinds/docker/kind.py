@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypedDict
 
-from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, LABEL_OWNER_NAME, kept
+from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
 from exitwatch.engine import api
 from exitwatch.engine.client import ENGINE_ERRORS, Client
 from exitwatch.engine.errors import describe
@@ -28,7 +28,8 @@ from exitwatch.kinds.base import (
 from exitwatch.kinds.discovery import Discovery, stopped, wait
 from exitwatch.kinds.docker import compose, networks
 from exitwatch.kinds.docker.attempts import EngineError, attempt, name_of
-from exitwatch.owner import Owner, OwnerError, death
+from exitwatch.kinds.docker.labels import carries, owner_from, resource_of
+from exitwatch.owner import Owner, death
 
 log = logging.getLogger(__name__)
 
@@ -50,36 +51,9 @@ def _container(cid: str, name: str, project: str | None) -> dict[str, Any]:
     return {"what": f"container {cid[:12]} ({name})", "kind": KIND, "extra": extra}
 
 
-def _owner(cid: str, name: str, labels: dict[str, str], then: str) -> Owner | None:
-    """The owner a container's label names; None, and one warning, when it is malformed."""
-    try:
-        return Owner.parse(labels.get(LABEL_OWNER, ""))
-    except OwnerError as err:
-        log.warning("container %s (%s): label %s: %s; %s", name, cid[:12], LABEL_OWNER, err, then)
-        return None
-
-
-def _labelled(listed: dict[str, Any], owner: Owner) -> bool:
-    """Whether a listed container carries `owner`'s label (kept or not)."""
-    try:
-        return Owner.parse((listed.get("Labels") or {}).get(LABEL_OWNER, "")) == owner
-    except OwnerError:
-        return False
-
-
-def _resource(cid: str, name: str, labels: dict[str, str]) -> Resource | None:
-    """The Resource for one labelled container; None when it is kept or its label is bad."""
-    owner = None if kept(labels) else _owner(cid, name, labels, "skipped")
-    if owner is None:
-        return None
-    project = labels.get(LABEL_COMPOSE_PROJECT) or None
-    about = str(labels.get(LABEL_OWNER_NAME, ""))
-    return Resource(KIND, cid, owner, name, project, owner_name=about)
-
-
 def _snapshot(engine: api.Engine) -> Snapshot:
     listed = engine.each_container(LABEL_OWNER)
-    found = (_resource(c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
+    found = (resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
     return Snapshot(KIND, tuple(r for r in found if r is not None))
 
 
@@ -262,7 +236,7 @@ class Containers(ResourceKind):
         if event.get("Action") == "destroy":
             notify(Gone(self.kind, cid))
         elif event.get("Action") == "create":
-            r = _resource(cid, labels.get("name", ""), labels)
+            r = resource_of(KIND, cid, labels.get("name", ""), labels)
             if r is not None:
                 with self._lock:
                     self._seen.setdefault(r.owner, compose.boot_time())
@@ -338,7 +312,7 @@ class Containers(ResourceKind):
             cid, name, labels = c["Id"], name_of(c), c.get("Labels") or {}
             o = None
             if LABEL_OWNER in labels:
-                o = _owner(cid, name, labels, f"compose project {project} is not proven dead")
+                o = owner_from(cid, name, labels, f"compose project {project} is not proven dead")
                 if o is None:
                     holders.append(f"{name} has an unreadable owner label")
             if o is not None and o != owner and why_dead(o) is None:
@@ -374,7 +348,7 @@ class Containers(ResourceKind):
         """Which of `rest` go with the owner's project ({id: name}), and a refusal for each
         unlabelled one not proven to be of the owner's instance of it (compose.py)."""
         since = compose.started_at(owner, self._seen_boot(owner))
-        owned = [compose.instance(c.get("Labels") or {}) for c in listed if _labelled(c, owner)]
+        owned = [compose.instance(c.get("Labels") or {}) for c in listed if carries(c, owner)]
         joined, refused = {}, []
         for c in listed:
             cid, labels = c["Id"], c.get("Labels") or {}
@@ -406,7 +380,7 @@ class Containers(ResourceKind):
             listed = self._engine.containers(f"{LABEL_OWNER}={owner}")
         except ENGINE_ERRORS as err:
             raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
-        found = (_resource(c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
+        found = (resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
 
 

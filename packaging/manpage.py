@@ -11,7 +11,6 @@ Usage: PYTHONPATH=. python3 packaging/manpage.py exitwatch.8 > exitwatch.8
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import fields
@@ -24,6 +23,7 @@ from mansource import (
     flags,
     header,
     options,
+    paragraphs,
     prose,
     root,
     summary,
@@ -114,7 +114,7 @@ def exitwatch_8() -> str:
     for cmd, ctx in commands(cli, top):
         out += [
             f'.SS "{esc(ctx.command_path)} {esc(" ".join(cmd.collect_usage_pieces(ctx)))}"',
-            esc(cmd.help or cmd.short_help or ""),
+            *paragraphs(cmd.help or cmd.short_help or ""),
             *options(cmd, ctx),
         ]
     out.append(".SH FILES")
@@ -345,7 +345,6 @@ def exitwatch_run_1() -> str:
     run = cli.get_command(top, "run")
     assert run is not None
     ctx = click.Context(run, info_name="run", parent=top, **run.context_settings)
-    rest = inspect.cleandoc(run.help or "").split("\n\n", 1)[1:]
     out = [
         header("exitwatch-run", 1, "User Commands"),
         ".SH NAME",
@@ -354,7 +353,8 @@ def exitwatch_run_1() -> str:
         ".B exitwatch run",
         esc(" ".join(run.collect_usage_pieces(ctx))),
         ".SH DESCRIPTION",
-        *(esc(p) + "\n.PP" for p in rest),
+        *paragraphs(run.help or "")[1:],
+        ".PP",
         RUN_DESCRIPTION.strip(),
         ".SH OPTIONS",
         *options(run, ctx),

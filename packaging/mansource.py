@@ -34,11 +34,27 @@ def prose(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"\\fB\1\\fR", esc(inspect.cleandoc(text)))
 
 
+def paragraphs(text: str) -> list[str]:
+    """A click help text as roff paragraphs, dedented as `--help` dedents it
+    (inspect.cleandoc): each paragraph filled as one, with its `code` in bold; one that click
+    keeps as written (its first line is "\\b") is kept so, as an example."""
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        if para.startswith("\b\n"):
+            lines = inspect.cleandoc(para[2:]).splitlines()
+            out.append(".PP\n.EX\n" + esc("\n".join(lines)) + "\n.EE")
+        else:
+            out.append(".PP\n" + prose(" ".join(para.split())))
+    return out
+
+
 def header(name: str, section: int, manual: str) -> str:
     epoch = float(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
     date = time.strftime("%Y-%m-%d", time.gmtime(epoch))
     th = f'.TH {esc(name.upper())} {section} "{date}" "exitwatch {__version__}" "{manual}"'
-    return th + "\n.nh"  # no hyphenation: names such as EXITWATCH_RUN stay whole
+    # No hyphenation, so that names such as EXITWATCH_RUN stay whole: .nh for now, and HY
+    # (groff_man(7)) for after each example, whose .EE would turn it on again.
+    return th + "\n.nh\n.nr HY 0"
 
 
 Commands = Iterator[tuple[click.Command, click.Context]]

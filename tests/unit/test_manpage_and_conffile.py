@@ -7,6 +7,7 @@ and installs the package."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -74,6 +75,41 @@ def test_man_page_renders_without_warnings(tmp_path: Path, name: str) -> None:
     shown = man(page)
     # The NAME line, as justified: groff 1.23 (Debian 13) may widen its spaces.
     assert re.search(rf"^ +{re.escape(name.rsplit('.', 1)[0])} +- ", shown, re.M)
+
+
+def _shown_paragraph(shown: str, start: str) -> str:
+    """The paragraph of the rendered page `shown` whose first line begins with `start`, its
+    words joined by single spaces; it must be filled as one, every line at one indent."""
+    lines = shown.splitlines()
+    first = next(i for i, line in enumerate(lines) if " ".join(line.split()).startswith(start))
+    para = []
+    for line in lines[first:]:
+        if not line.strip():
+            break
+        para.append(line)
+    indents = {len(line) - len(line.lstrip()) for line in para}
+    assert len(indents) == 1, "broken mid-paragraph:\n" + "\n".join(para)
+    return " ".join(" ".join(para).split())
+
+
+def test_man_page_fills_each_command_description_as_its_help_does(tmp_path: Path) -> None:
+    """Each paragraph of a command's help comes out whole, dedented as `--help` dedents it;
+    a paragraph kept as written (click's \\b) keeps its lines."""
+    if not Path("/usr/bin/man").exists():
+        pytest.skip("man-db is not installed (make apt installs it)")
+    page = tmp_path / "exitwatch.8"
+    page.write_text(_manpage_module().render("exitwatch.8"))
+    shown = man(page)
+    for name in ("agent", "adopt", "on-death"):
+        for para in inspect.cleandoc(cli.commands[name].help or "").split("\n\n"):
+            if para.startswith("\b\n"):
+                for line in para.splitlines()[1:]:
+                    assert re.search(rf"^ +{re.escape(line.strip())}$", shown, re.M), line
+                continue
+            words = " ".join(para.split()).replace("`", "")
+            assert _shown_paragraph(shown, " ".join(words.split()[:6])) == words, name
+    agent = "SIGTERM or SIGINT stops it within 2 s; SIGHUP re-reads the config file."
+    assert _shown_paragraph(shown, "SIGTERM or SIGINT stops it within") == agent
 
 
 def test_manpage_script_takes_the_page_to_write() -> None:

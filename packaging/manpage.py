@@ -90,9 +90,111 @@ FILES = [
     ),
 ]
 
+EXIT_STATUS = r"""
+.TP
+.B 0
+Done; for
+.BR "exitwatch agent" " and " "exitwatch adopt" ,
+stopped by SIGTERM or SIGINT.
+.TP
+.B 1
+An error, in one line on stderr,
+.RB \(lq "Error: " ...\(rq,
+that says what is wrong and what to do: a bad setting, not root, no Docker engine
+answering, no agent's hook spool, a removal that failed, and so on.
+.TP
+.B 2
+Bad use: an unknown command or option, a missing or bad argument.
+.TP
+.B 3
+.B exitwatch status
+only: no agent answered; what is shown is a one\-shot scan's.
+.PP
+.B exitwatch run
+exits with its command's status: see
+.BR exitwatch\-run (1).
+"""
+
+ENVIRONMENT = r"""
+.TP
+.B DOCKER_HOST
+The engine that
+.BR "exitwatch agent" ", " reap " and " status
+speak to when
+.B docker_host
+is unset, and the one
+.B exitwatch adopt
+forwards to when neither of its settings names one; only a local unix:// socket is taken.
+Unset: /var/run/docker.sock.
+.TP
+.B EXITWATCH_HOOK_DIR
+The spool
+.B exitwatch on\-death
+writes to (default /var/spool/exitwatch/hooks); it must be the agent's
+.BR hook_dir .
+.TP
+.BR EXITWATCH_OWNER ", " EXITWATCH_RUN
+Set by
+.B exitwatch run
+for its command; a process that carries both, naming one owner, is that run's, and the
+agent kills it once the owner is dead
+.RB ( kill_leftovers ).
+.B exitwatch labels \-\-format env
+prints the first, for compose files.
+.TP
+.BR EXITWATCH_DEAD_OWNER ", " EXITWATCH_DEATH
+Given to an on\-death hook's command: the dead owner, and how it died (e.g.
+.IR "killed by SIGKILL (process gone)" ).
+.TP
+.B EXITWATCH_NETLINK_RCVBUF
+The receive buffer of the netlink source, in bytes (default 16777216).
+.TP
+.BR NOTIFY_SOCKET ", " WATCHDOG_USEC
+Set by systemd: the agent sends READY=1, STOPPING=1 and WATCHDOG=1 (sd_notify(3)).
+.TP
+.BR LISTEN_PID ", " LISTEN_FDS
+Set by systemd (exitwatch\-adopt.socket): the one socket
+.B exitwatch adopt
+serves (sd_listen_fds(3)).
+"""
+
+EXAMPLES = r"""
+A runner's shell labels a container and marks a workdir; the shell is their owner:
+.PP
+.EX
+docker run \-d $(exitwatch labels \-\-format docker\-args) IMAGE sleep infinity
+exitwatch mark "$WORKDIR"
+.EE
+.PP
+A compose project whose services carry
+.B exitwatch.owner: \(dq${EXITWATCH_OWNER}\(dq
+in their labels:
+.PP
+.EX
+eval "$(exitwatch labels \-\-format env)"
+docker compose up \-d
+.EE
+.PP
+A remote sandbox deleted once the shell dies, however it dies; a clean exit cancels it:
+.PP
+.EX
+id=$(exitwatch on\-death \-\-timeout 30 \-\- \e
+     curl \-fsS \-X DELETE https://api.example/sandboxes/42)
+trap \(aqexitwatch on\-death \-\-cancel "$id"\(aq EXIT
+.EE
+.PP
+An operator: what would go now, what went in the last 12 hours, a new config file read:
+.PP
+.EX
+exitwatch reap \-\-dry\-run
+exitwatch status \-\-since 12h
+systemctl reload exitwatch
+.EE
+"""
+
 SEE_ALSO = (
-    "exitwatch.toml(5), exitwatch\\-run(1), systemctl(1), journalctl(1), docker(1), "
-    "docker\\-compose(1), systemd.exec(5)"
+    "exitwatch.toml(5), exitwatch\\-files(5), exitwatch\\-run(1), exitwatch\\-adopt(8), "
+    "systemctl(1), journalctl(1), docker(1), docker\\-compose(1), systemd.exec(5)"
 )
 
 
@@ -117,10 +219,11 @@ def exitwatch_8() -> str:
             *paragraphs(cmd.help or cmd.short_help or ""),
             *options(cmd, ctx),
         ]
+    out += [".SH EXIT STATUS", EXIT_STATUS.strip(), ".SH ENVIRONMENT", ENVIRONMENT.strip()]
     out.append(".SH FILES")
     for path, what in FILES:
         out += [".TP", f".I {esc(path)}", esc(what)]
-    out += [".SH SEE ALSO", SEE_ALSO]
+    out += [".SH EXAMPLES", EXAMPLES.strip(), ".SH SEE ALSO", SEE_ALSO]
     return "\n".join(out) + "\n"
 
 

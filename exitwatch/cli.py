@@ -234,7 +234,7 @@ def reap(config_path: str | None, **flags: object) -> None:
 @_status_socket
 @_hook_dir
 @click.option(
-    "--json", "as_json", is_flag=True, help="The status as JSON (schema: docs/operations.md)."
+    "--json", "as_json", is_flag=True, help="The status as JSON (schema: exitwatch-files(5))."
 )
 @click.option(
     "--since",
@@ -300,7 +300,7 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
     whose command line a rule matches; on the host: that process, else nobody).
 
     SIGTERM or SIGINT stops it; under exitwatch-adopt.socket, one socket file serves across
-    restarts. docs/adopt.md has the recipes.
+    restarts. exitwatch-adopt(8) has the recipes.
     """
     _require_root("exitwatch adopt", "its socket takes the engine socket's owner and group")
     config = _config(config_path)

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Adopt:
     """The `[adopt]` table: `exitwatch adopt`, one labelling Docker socket for the whole
-    host (docs/adopt.md)."""
+    host (exitwatch-adopt(8))."""
 
     listen: str = "/run/exitwatch/docker.sock"
     """The socket it serves, when systemd passes it none (exitwatch-adopt.socket does); it

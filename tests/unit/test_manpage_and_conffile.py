@@ -29,11 +29,11 @@ from support.procs import run
 ROOT = PACKAGING.parent
 
 
-def _manpage_module():
-    # As debian/rules runs it: a script beside mansource.py, which it imports.
+def _manpage_module(name: str = "manpage"):
+    # As debian/rules runs it: a script beside mansource.py and the pages' modules.
     sys.path.insert(0, str(PACKAGING))
     try:
-        return importlib.import_module("manpage")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(PACKAGING))
 
@@ -137,7 +137,7 @@ def _setting(page: str, key: str) -> str:
 def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_path) -> None:
     manpage = _manpage_module()
     page = manpage.render("exitwatch.toml.5")
-    docs = manpage.field_docs()
+    docs = _manpage_module("mansource").field_docs()
     for field in fields(Config):
         assert field.name in docs, f"Config.{field.name} has no docstring after it"
         if field.name == TABLE:
@@ -155,7 +155,7 @@ def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_pa
         path.write_text(f"{field.name} = {written}\n")
         assert getattr(config_module.load(str(path)), field.name) == field.default, written
     table = page.split(f'.SS "[{TABLE}]"', 1)[1]
-    docs = manpage.field_docs(Adopt)
+    docs = _manpage_module("mansource").field_docs(Adopt)
     for field in fields(Adopt):
         about = _setting(table, field.name)
         said = " ".join(docs[field.name].replace("`", "").split())
@@ -172,7 +172,7 @@ def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_pa
         page, "workdir_roots"
     )
     example = tmp_path / "example.toml"
-    example.write_text(manpage.CONFIG_EXAMPLE)
+    example.write_text(_manpage_module("mantoml").CONFIG_EXAMPLE)
     config_module.load(str(example))
 
 

@@ -2,7 +2,9 @@
 
   exitwatch.8       every command and option, from the click CLI's own help (here);
   exitwatch.toml.5  every setting, from the Config dataclass (mantoml.py);
-  exitwatch-run.1   `exitwatch run`, from its click help (manrun.py).
+  exitwatch-run.1   `exitwatch run`, from its click help (manrun.py);
+  exitwatch-adopt.8 `exitwatch adopt`, from its click help (manadopt.py);
+  exitwatch-files.5 the marker, hook, audit log and status formats (manfiles.py).
 
 Run at package build time (debian/rules), so each page says what the code it ships with
 does; only the prose around the generated parts lives in these files, and mansource.py
@@ -15,6 +17,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from manadopt import exitwatch_adopt_8
+from manfiles import exitwatch_files_5
 from manrun import exitwatch_run_1
 from mansource import (
     commands,
@@ -227,6 +231,8 @@ PAGES: dict[str, Callable[[], str]] = {
     "exitwatch.8": exitwatch_8,
     "exitwatch.toml.5": exitwatch_toml_5,
     "exitwatch-run.1": exitwatch_run_1,
+    "exitwatch-adopt.8": exitwatch_adopt_8,
+    "exitwatch-files.5": exitwatch_files_5,
 }
 
 

@@ -87,7 +87,9 @@ def root() -> click.Context:
 
 
 def summary(cmd: click.Command) -> str:
-    first = (cmd.help or "").splitlines()[0].rstrip(".")
+    """The NAME line's words: the help's first sentence, up to a colon."""
+    first = " ".join(inspect.cleandoc(cmd.help or "").split("\n\n")[0].split())
+    first = first.split(". ")[0].split(": ")[0].rstrip(".")
     return esc(first[:1].lower() + first[1:])
 
 

@@ -20,8 +20,10 @@ import click
 import pytest
 
 from exitwatch.cli import cli
+from exitwatch.contract import ENV_HOOK_DIR, ENV_OWNER, ENV_RUN
 from exitwatch.service import config as config_module
 from exitwatch.service.config import TABLE, Adopt, Config
+from exitwatch.sources.netlink import RCVBUF_ENV
 
 from support.packaging import PACKAGING, PAGES, man
 from support.procs import run
@@ -120,8 +122,80 @@ def test_manpage_script_takes_the_page_to_write() -> None:
     bad = run([*script, "exitwatch.1"], env=env, check=False)
     assert (bad.returncode, bad.stdout) == (2, "")
     assert bad.stderr.strip().splitlines() == [
-        "usage: manpage.py PAGE, one of exitwatch.8, exitwatch.toml.5, exitwatch-run.1"
+        "usage: manpage.py PAGE, one of exitwatch.8, exitwatch.toml.5, exitwatch-run.1, "
+        "exitwatch-adopt.8, exitwatch-files.5"
     ]
+
+
+def test_pages_stand_alone_and_point_at_each_other() -> None:
+    """The .deb installs no docs/: no page points there; each names the others it needs
+    in SEE ALSO, exitwatch(8) all of them."""
+    manpage = _manpage_module()
+    named = {name: name.rsplit(".", 1)[0] + "(" + name.rsplit(".", 1)[1] + ")" for name in PAGES}
+    for name in PAGES:
+        page = _plain(manpage.render(name))
+        assert "docs/" not in page and ".md" not in page, name
+        see_also = page.split(".SH SEE ALSO\n", 1)[1]
+        for other in PAGES:
+            if other != name and (name == "exitwatch.8" or other == "exitwatch.8"):
+                assert named[other] in see_also, f"{name} does not name {other}"
+    assert "exitwatch-adopt(8)" in _plain(manpage.render("exitwatch.toml.5"))
+
+
+def test_exitwatch_8_has_exit_status_environment_and_examples() -> None:
+    from exitwatch.cli import NO_AGENT
+
+    page = _manpage_module().render("exitwatch.8")
+    sections = re.findall(r"^\.SH (.*)$", page, flags=re.M)
+    for wanted in ("EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"):
+        assert wanted in sections, wanted
+    statuses = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
+    for code in (0, 1, 2, NO_AGENT):
+        assert f".B {code}\n" in statuses, code
+    environment = _plain(page.split(".SH ENVIRONMENT", 1)[1].split(".SH", 1)[0])
+    for name in ("DOCKER_HOST", ENV_HOOK_DIR, ENV_OWNER, ENV_RUN, RCVBUF_ENV, "NOTIFY_SOCKET"):
+        assert name in environment, name
+    examples = _plain(page.split(".SH EXAMPLES", 1)[1].split(".SH", 1)[0])
+    for command in ("exitwatch labels", "exitwatch mark", "exitwatch on-death", "exitwatch reap"):
+        assert command in examples, command
+
+
+def test_adopt_page_has_its_options_and_sections() -> None:
+    page = _manpage_module().render("exitwatch-adopt.8")
+    for param in cli.commands["adopt"].params:
+        if isinstance(param, click.Option):
+            for opt in param.opts:
+                assert opt.replace("-", "\\-") in page, opt
+    sections = re.findall(r"^\.SH (.*)$", page, flags=re.M)
+    for wanted in ("OPTIONS", "OWNERS", "EXIT STATUS", "ENVIRONMENT", "EXAMPLES", "SEE ALSO"):
+        assert wanted in sections, wanted
+    # Its own help's pointer to this very page is left out.
+    assert "exitwatch\\-adopt(8) has the recipes" not in page
+
+
+def test_files_page_gives_the_formats_the_code_reads() -> None:
+    """The hook keys are exactly those a hook file must have, the audit fields those the
+    agent writes, the status keys those the document has, and its examples parse."""
+    import json
+    from dataclasses import fields as dc_fields
+
+    from exitwatch.agent.record import Reap
+    from exitwatch.contract import hook_problem
+    from exitwatch.owner import Owner
+
+    manfiles = _manpage_module("manfiles")
+    page = _plain(_manpage_module().render("exitwatch-files.5"))
+    body = {"owner": "x", "argv": ["true"], "cwd": "", "env": {}, "timeout": 1, "created": 0}
+    assert hook_problem(body) is None
+    assert set(manfiles.HOOK_KEYS) == set(body)
+    assert set(manfiles.REAP_FIELDS) == {f.name for f in dc_fields(Reap)}
+    for key in (*manfiles.HOOK_KEYS, *manfiles.REAP_FIELDS, *manfiles.STATUS_KEYS):
+        assert f"\n.B {key}\n" in page, key
+    for example in re.findall(r"^\.EX\n(\{.*?)\n\.EE$", page, flags=re.M | re.S):
+        parsed = json.loads(example)
+        Owner.parse(parsed["owner"])
+        if "argv" in parsed:
+            assert hook_problem(parsed) is None
 
 
 def _plain(roff: str) -> str:

@@ -105,8 +105,8 @@ def _require_root(
     foreign = procfs.foreign_namespace("pid", "time")
     if foreign is not None:
         raise click.ClickException(
-            f"{command} must run in the host's {foreign} namespace: it judges owners by "
-            "their host pids and start times"
+            f"{command} must run in the host's {foreign} namespace (inside a container? run "
+            "it on the host): it judges owners by their host pids and start times"
         )
 
 
@@ -213,7 +213,9 @@ def reap(config_path: str | None, **flags: object) -> None:
     kinds = _kinds(config)
     problem = kinds[CONTAINER].ping()
     if problem is not None:
-        raise click.ClickException(problem)
+        raise click.ClickException(
+            f"{problem}: start the engine, or name it with --docker-host or docker_host"
+        )
     # Its removals and refusals go to the audit log as the agent's do.
     audit = AuditLog(config.audit_log, config.audit_max_bytes) if config.audit_log else None
     agent = Agent(config, kinds.values(), recorder=Recorder(audit))
@@ -223,10 +225,15 @@ def reap(config_path: str | None, **flags: object) -> None:
         if audit is not None:
             audit.close()
     if problems:
-        raise click.ClickException("; ".join(problems))
+        raise click.ClickException(
+            "; ".join(problems) + "; the rest was reaped: fix that and run exitwatch reap again"
+        )
     failed = agent.recorder.counters().get("removal_errors", 0)
     if failed:
-        raise click.ClickException(f"{failed} removals failed; see the log above")
+        raise click.ClickException(
+            f"{failed} removals failed; the log above says why: fix that and run exitwatch "
+            "reap again (each removal had reap_attempts attempts)"
+        )
 
 
 @cli.command()
@@ -267,7 +274,7 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
             doc["reaps"] = list(audit.read(path, _since(since)))
         except OSError as err:
             raise click.ClickException(
-                f"cannot read the audit log {path}: {err.strerror}"
+                f"cannot read the audit log {path}: {err.strerror}{_audit_hint(err)}"
             ) from None
     click.echo(json.dumps(doc, indent=2) if as_json else render(doc))
     sys.exit(code)
@@ -328,6 +335,13 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
         serve(Settings(config.adopt.listen, engine, config.adopt.rules), stopping, os.environ)
     except AdoptError as err:
         raise click.ClickException(str(err)) from None
+
+
+def _audit_hint(err: OSError) -> str:
+    """What to do when the audit log cannot be read (a missing one reads as empty)."""
+    if isinstance(err, PermissionError):
+        return " (it is root's: run exitwatch status as root)"
+    return ""
 
 
 def _since(text: str) -> float:

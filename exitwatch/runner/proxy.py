@@ -52,7 +52,8 @@ def engine_path(env: Mapping[str, str]) -> str:
     if path is not None:
         return path
     raise ProxyError(
-        f"DOCKER_HOST={host}: only an engine on a unix socket (unix://PATH) can be proxied"
+        f"DOCKER_HOST={host}: only an engine on a unix socket (unix://PATH) can be proxied: "
+        "point DOCKER_HOST at the engine's unix:// socket, or unset it for the default"
     )
 
 

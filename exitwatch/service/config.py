@@ -208,13 +208,22 @@ def _table(value: object, base: Adopt) -> Adopt:
     return replace(base, **values)
 
 
+def _unreadable(err: OSError) -> str:
+    """What to do about a config file that cannot be read."""
+    if isinstance(err, FileNotFoundError):
+        return " (give --config an existing file, or leave it out for the defaults)"
+    if isinstance(err, PermissionError):
+        return " (run as root, or make the file readable)"
+    return ""
+
+
 def load(path: str, base: Config | None = None) -> Config:
     """Read a TOML config file over `base` (default: the defaults)."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+        raise ConfigError(f"{path}: cannot read: {err.strerror}{_unreadable(err)}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     base = base or Config()

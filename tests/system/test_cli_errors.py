@@ -41,7 +41,8 @@ def test_missing_config_file_is_one_line(tmp_path):
     done = exitwatch("agent", "--config", str(tmp_path / "nope.toml"))
     assert done.returncode != 0
     assert done.stderr.strip() == (
-        f"Error: {tmp_path / 'nope.toml'}: cannot read: No such file or directory"
+        f"Error: {tmp_path / 'nope.toml'}: cannot read: No such file or directory (give "
+        "--config an existing file, or leave it out for the defaults)"
     )
 
 
@@ -58,8 +59,8 @@ def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["labels"], "Error: not in the host's pid namespace"),
-        (["mark", "/tmp"], "Error: not in the host's pid namespace"),
+        (["labels"], "Error: inside a container (not in the host's pid namespace)"),
+        (["mark", "/tmp"], "Error: inside a container (not in the host's pid namespace)"),
         (["agent"], "Error: exitwatch agent must run in the host's pid namespace"),
         (["reap"], "Error: exitwatch reap must run in the host's pid namespace"),
     ],

@@ -67,7 +67,11 @@ class Config:
     removal of the process: a dead owner with 1,000 containers, or many dead owners at
     once, wait their turn rather than flood the engine."""
     reap_attempts: int = 3
-    """A removal that fails is tried this many times in all, with growing delays."""
+    """A removal that fails is tried this many times in all, 0.5 s, 2 s, 8 s, ... apart: the
+    agent's attempts. Within each, the container kind sends each engine call up to 3 times
+    (0.2 s, then 0.4 s apart), so the engine may be asked 3 times reap_attempts; the log
+    line of a failure says its tries, and the last one the attempts. `exitwatch reap` also
+    judges an owner whose liveness cannot be read this many times, a second apart."""
     hook_dir: str = HOOK_DIR
     """The spool of on-death hooks (root's, mode 1733; the agent creates it)."""
     reconcile_interval: float = 600.0

@@ -5,6 +5,7 @@ halves. system/test_cli_errors.py checks the same lines from a real process, as 
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from collections.abc import Callable
@@ -18,8 +19,9 @@ from exitwatch.cli import cli
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES
 from exitwatch.owner import PID_MAX
 from exitwatch.runner import cli as runner_cli
+from exitwatch.service.metrics import Metrics, MetricsError
 from exitwatch.service.status import server
-from exitwatch.sources import SourceError, ebpf
+from exitwatch.sources import SourceError, ebpf, netlink
 
 NO_PID = PID_MAX  # no process has the largest pid the kernel allows, but by a rare chance
 
@@ -240,3 +242,28 @@ def test_the_ebpf_source_without_its_object_says_to_install_it(monkeypatch, tmp_
         f"eBPF object {tmp_path}/exitwatch.bpf.o is missing: install the exitwatch-bpf "
         "package (from a checkout: make bpf)"
     )
+
+
+@pytest.mark.parametrize(
+    ("errno_", "step"),
+    [
+        (errno.EPROTONOSUPPORT, "use a kernel with CONFIG_PROC_EVENTS, or --source poll"),
+        (errno.EPERM, "run as root in the host's network namespace, or --source poll"),
+    ],
+)
+def test_the_netlink_source_says_what_to_do(errno_: int, step: str) -> None:
+    said = netlink._explain(OSError(errno_, os.strerror(errno_)), "socket")
+    assert said.endswith(f"(socket: {os.strerror(errno_)}): {step}")
+
+
+def test_metrics_on_a_taken_port_say_to_give_another(monkeypatch) -> None:
+    pytest.importorskip("prometheus_client")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(MetricsError) as err:
+            Metrics(addr, dict)
+    said = str(err.value)
+    assert said.startswith(f"cannot serve metrics on {addr}: Address already in use")
+    assert said.endswith(": give --metrics-addr (or metrics_addr) a free HOST:PORT")

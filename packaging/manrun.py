@@ -116,8 +116,21 @@ Files written anywhere but TMPDIR stay (a runner that takes a workdir option can
 into it). Docker clients that ignore DOCKER_HOST (\-H, \-\-context, a base_url of their own)
 create what carries no label, and the engine forwarded to is never the current Docker
 context's.
+.SH EXAMPLES
+A runner, as it is: whatever it leaves (containers, networks, volumes, TMPDIR, processes)
+goes when it ends, however it ends:
+.PP
+.EX
+exitwatch run \-\- bench eval run \-\-tasks\-dir tasks \-\-agent oracle \-\-jobs\-dir jobs
+.EE
+.PP
+Ten seconds for what it leaves running to stop on SIGTERM before SIGKILL:
+.PP
+.EX
+exitwatch run \-\-grace 10 \-\- python my_eval.py
+.EE
 .SH SEE ALSO
-exitwatch(8), exitwatch.toml(5), docker(1)
+exitwatch(8), exitwatch.toml(5), exitwatch\-adopt(8), exitwatch\-files(5), docker(1)
 """
 
 

@@ -262,6 +262,8 @@ def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
     statuses = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
     for code in (2, SETUP_FAILED, 126, 127):
         assert f".B {code}\n" in statuses, code
+    for section in ("ENVIRONMENT", "EXAMPLES"):
+        assert f"\n.SH {section}\n" in page, section
 
 
 def _documented() -> tuple[dict[str, object], dict[str, object]]:

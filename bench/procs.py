@@ -150,7 +150,7 @@ class Agent:
         if self.engine_concurrency is not None:  # a setting with no option of its own
             config = os.path.join(self._state, "config.toml")
             with open(config, "w") as f:
-                f.write(f"engine_concurrency = {self.engine_concurrency}\n")
+                f.write(f"[containers]\nconcurrency = {self.engine_concurrency}\n")
             argv += ["--config", config]
         return argv
 

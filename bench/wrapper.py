@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import docker
 import psutil
@@ -88,7 +89,7 @@ def ping_ms(host: str, trials: int) -> list[float]:
     return out
 
 
-def hijacked(sock) -> io.BufferedReader:
+def hijacked(sock: Any) -> io.BufferedReader:
     """What to read an exec's output from, given the socket exec_start(socket=True) returns:
     the HTTP client's buffered reader over it. That socket is the raw one under the reader,
     and so is what exec_start(eid) reads the output from, its frames after the 101's head:

@@ -1,4 +1,4 @@
-"""The command line: the agent's side (agent, reap, status); runner/cli.py has the runner's."""
+"""The command line: the agent's side (agent, reap, status); run/cli.py has the runner's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from datetime import datetime
 import click
 
 from exitwatch import __version__, procfs, shutdown
-from exitwatch.runner.cli import labels, mark, on_death_cmd, run
+from exitwatch.contract import HOOK_DIR
+from exitwatch.kinds.workdirs import DEPTH
+from exitwatch.run.cli import labels, mark, on_death_cmd, run
 from exitwatch.service import logs
 from exitwatch.service.config import DEFAULT_PATH, Adopt, Config, ConfigError, load
 from exitwatch.sources import MODES
@@ -47,7 +49,7 @@ _roots = click.option(
 _depth = _option(
     "--workdir-depth",
     type=click.IntRange(1, 16),
-    help=f"How many levels below a root a workdir may be [default: {Config.workdir_depth}].",
+    help=f"How many levels below a root a workdir may be [default: {DEPTH}].",
 )
 _docker_host = _option(
     "--docker-host", metavar="URL", help="Docker engine URL (default: DOCKER_HOST, or the socket)."
@@ -68,19 +70,20 @@ _audit_log = _option(
 _hook_dir = _option(
     "--hook-dir",
     metavar="DIR",
-    help=f"The spool of on-death hooks [default: {Config.hook_dir}].",
+    help=f"The spool of on-death hooks [default: {HOOK_DIR}].",
 )
 
 
-def _config(config_path: str | None, **flags: object) -> Config:
-    """The config file (if any) under the flags given on the command line."""
+def _config(config_path: str | None, notes: list[str] | None = None, **flags: object) -> Config:
+    """The config file (if any) under the flags given on the command line; the file's old
+    spellings of settings are told in `notes`, for the log."""
     path = config_path or (DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None)
     try:
-        config = load(path) if path else Config()
+        config = load(path, notes=notes) if path else Config()
         given = {k: v for k, v in flags.items() if v not in (None, ())}
         if "workdir_roots" in given:
             given["workdir_roots"] = tuple(os.path.abspath(r) for r in given["workdir_roots"])
-        config = replace(config, **given)
+        config = config.updated(given)  # the flags' names are the flat ones: no note
         config.validate()
     except ConfigError as err:
         raise click.ClickException(str(err)) from None
@@ -151,23 +154,20 @@ def agent(config_path: str | None, **flags: object) -> None:
     SIGTERM or SIGINT stops it within 2 s; SIGHUP re-reads the config file.
     """
     _require_root("exitwatch agent")
-    config = _config(config_path, **flags)
+    notes: list[str] = []
+    config = _config(config_path, notes, **flags)
     logs.setup(config.log_format)
+    for note in notes:
+        log.warning("%s", note)
     from exitwatch.service.daemon import Service
     from exitwatch.service.metrics import MetricsError
     from exitwatch.service.status.server import StatusError
     from exitwatch.sources import SourceError
 
     service = Service(config, started=time.time())
-    stopping = threading.Event()
-
-    def on_stop() -> None:
-        stopping.set()
-        service.stop()
-
     # A run that ends with no stop asked was ended by SIGHUP: the config is read again.
     shutdown.on_signals(
-        {signal.SIGTERM: on_stop, signal.SIGINT: on_stop, signal.SIGHUP: service.stop}
+        {signal.SIGTERM: service.stop, signal.SIGINT: service.stop, signal.SIGHUP: service.reload}
     )
     while True:
         try:
@@ -178,10 +178,14 @@ def agent(config_path: str | None, **flags: object) -> None:
         except (ConfigError, SourceError, StatusError, MetricsError) as err:
             raise click.ClickException(str(err)) from None
         # Two SIGHUPs close together end two runs, the second at once: a reload each.
-        if stopping.is_set():
+        if service.stopping.is_set():
             break
         try:
-            service.config = _config(config_path, **flags)
+            notes = []
+            service.config = _config(config_path, notes, **flags)
+            logs.setup(service.config.log_format)
+            for note in notes:
+                log.warning("%s", note)
             log.info("config reloaded: %s", service.config.describe())
         except click.ClickException as err:
             log.error("config not reloaded, the running one stays: %s", err.message)
@@ -203,19 +207,25 @@ def agent(config_path: str | None, **flags: object) -> None:
 def reap(config_path: str | None, **flags: object) -> None:
     """Reap once what dead owners hold now, then exit (no agent needed)."""
     _require_root("exitwatch reap")
-    config = _config(config_path, **flags)
+    notes: list[str] = []
+    config = _config(config_path, notes, **flags)
     logs.setup(config.log_format)
+    for note in notes:
+        log.warning("%s", note)
     from exitwatch.agent.audit import AuditLog
     from exitwatch.agent.loop import Agent
     from exitwatch.agent.record import Recorder
-    from exitwatch.kinds.docker.kind import KIND as CONTAINER
+    from exitwatch.kinds.registry import by_kind
 
     kinds = _kinds(config)
-    problem = kinds[CONTAINER].ping()
-    if problem is not None:
-        raise click.ClickException(
-            f"{problem}: start the engine, or name it with --docker-host or docker_host"
-        )
+    for name, kind in kinds.items():  # what one cannot list, it would find nothing of
+        problem = kind.ping()
+        if problem is not None:
+            table = by_kind(name).table
+            raise click.ClickException(
+                f"{problem}: start it, point [{table}] at another (exitwatch.toml(5)), or turn "
+                "the kind off there (enabled = false)"
+            )
     # Its removals and refusals go to the audit log as the agent's do.
     audit = AuditLog(config.audit_log, config.audit_max_bytes) if config.audit_log else None
     agent = Agent(config, kinds.values(), recorder=Recorder(audit))
@@ -321,10 +331,11 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
     except ConfigError as err:
         raise click.ClickException(str(err)) from None
     logs.setup(config.log_format)
-    from exitwatch.runner.adopt import AdoptError, Settings, serve
-    from exitwatch.runner.proxy import ProxyError, engine_path
+    from exitwatch.adopt.service import AdoptError, Settings, serve
+    from exitwatch.proxy.server import ProxyError, engine_path
 
-    url = config.adopt.docker_host or config.docker_host or os.environ.get("DOCKER_HOST", "")
+    agents = config.kind("containers").docker_host  # the agent's engine
+    url = config.adopt.docker_host or agents or os.environ.get("DOCKER_HOST", "")
     try:
         engine = engine_path({"DOCKER_HOST": url})
     except ProxyError as err:

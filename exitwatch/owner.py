@@ -102,5 +102,16 @@ def death(owner: Owner) -> str | None:
         return "pid reused (start time differs)"
     # A leader that exited before its threads shows Z with num_threads > 1: still alive.
     if stat.state in ("Z", "X", "x") and stat.num_threads <= 1:
+        if stat.exit_code == 0 and not reads_exit_codes():
+            # The kernel shows 0 in place of the code to whom may not ptrace the process.
+            return "zombie, how it ended unknown (its exit code needs CAP_SYS_PTRACE to read)"
         return f"zombie, {describe_status(stat.exit_code)}"
     return None
+
+
+@functools.cache
+def reads_exit_codes() -> bool:
+    """Whether /proc/PID/stat shows this process other processes' exit codes: those of
+    processes it may not ptrace read as 0 (the agent as root without CAP_SYS_PTRACE in its
+    bounding set reads none, root's own processes included)."""
+    return procfs.capable(procfs.CAP_SYS_PTRACE)

@@ -167,11 +167,26 @@ def thread_ids(pid: int, proc: str = PROC) -> list[int]:
 
 def namespace(pid: int | str, name: str, proc: str = PROC) -> int | None:
     """The inode of PID's namespace `name` ("pid", ...), which identifies it; None when the
-    process is gone or the kernel has no such namespace."""
+    process is gone or the kernel has no such namespace. Raises PermissionError where the
+    reader may not look (another's process, without CAP_SYS_PTRACE): that says nothing of
+    which namespace it is in."""
     try:
         return os.stat(f"{proc}/{pid}/ns/{name}").st_ino
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
+
+
+CAP_SYS_PTRACE = 19
+
+
+def capable(cap: int, proc: str = PROC) -> bool:
+    """Whether this process holds capability `cap` (a CAP_* number) in its effective set,
+    from the CapEff line of /proc/self/status."""
+    with open(f"{proc}/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
 
 
 def foreign_namespace(*names: str, proc: str = PROC) -> str | None:

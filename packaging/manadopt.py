@@ -110,8 +110,10 @@ ENVIRONMENT = r"""
 The engine forwarded to, when neither
 .B [adopt] docker_host
 nor
-.B docker_host
+.B [containers] docker_host
 is set; unset too: /var/run/docker.sock. Only a unix:// socket can be forwarded to.
+exitwatch\-adopt.service unsets it (UnsetEnvironment=): under systemd, only the settings
+name the engine.
 .TP
 .BR LISTEN_PID ", " LISTEN_FDS
 Set by systemd: the one listening socket to serve (sd_listen_fds(3)); they are not passed

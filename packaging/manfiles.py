@@ -56,7 +56,7 @@ STATUS_KEYS = {
     "workdirs": "discovery: how workdirs are followed (inotify, or rescans and why); "
     "running agent only",
     "processes": "the leftover\\-process rescans: interval_s, rescans, failures, failing "
-    "(failures in a row now), last_error; absent with kill_leftovers = false",
+    "(failures in a row now), last_error; absent with [processes] enabled = false",
     "owners": "live owners, each with owner, pid, name (what the owner is, such as "
     '"container NAME" for one exitwatch adopt found, or null), containers (id, name, '
     "project), workdirs, hooks (ID: COMMAND) and processes",
@@ -129,9 +129,11 @@ keys are ignored.
 .EE
 .PP
 Workdirs are looked for under
-.B workdir_roots
-(default /tmp and /var/tmp), at most
-.B workdir_depth
+.B roots
+of the
+.B [workdirs]
+table (default /tmp and /var/tmp), at most its
+.B depth
 levels down
 .RB ( exitwatch.toml (5)).
 One goes once its owner is dead, and only if the marker and the directory belong to the
@@ -148,7 +150,7 @@ A hook is a directory
 holding one file,
 .BR {esc(HOOK_FILE)} .
 The spool is {esc(HOOK_DIR)} (the agent's
-.BR hook_dir ;
+.BR "[hooks] dir" ;
 EXITWATCH_HOOK_DIR for
 .BR "exitwatch on\-death" ),
 root's, mode 1733: anyone adds, only root lists.

@@ -121,24 +121,26 @@ ENVIRONMENT = r"""
 The engine that
 .BR "exitwatch agent" ", " reap " and " status
 speak to when
-.B docker_host
+.B [containers] docker_host
 is unset, and the one
 .B exitwatch adopt
 forwards to when neither of its settings names one; only a local unix:// socket is taken.
-Unset: /var/run/docker.sock.
+Unset: /var/run/docker.sock. The packaged units unset it (UnsetEnvironment=): an agent or
+adopt started by systemd takes only its settings.
 .TP
 .B EXITWATCH_HOOK_DIR
 The spool
 .B exitwatch on\-death
 writes to (default /var/spool/exitwatch/hooks); it must be the agent's
-.BR hook_dir .
+.BR "[hooks] dir" .
 .TP
 .BR EXITWATCH_OWNER ", " EXITWATCH_RUN
 Set by
 .B exitwatch run
 for its command; a process that carries both, naming one owner, is that run's, and the
-agent kills it once the owner is dead
-.RB ( kill_leftovers ).
+agent kills it once the owner is dead (the
+.B [processes]
+kind).
 .B exitwatch labels \-\-format env
 prints the first, for compose files.
 .TP
@@ -150,7 +152,8 @@ Given to an on\-death hook's command: the dead owner, and how it died (e.g.
 The receive buffer of the netlink source, in bytes (default 16777216).
 .TP
 .BR NOTIFY_SOCKET ", " WATCHDOG_USEC
-Set by systemd: the agent sends READY=1, STOPPING=1 and WATCHDOG=1 (sd_notify(3)).
+Set by systemd: the agent sends READY=1, RELOADING=1, STOPPING=1 and WATCHDOG=1
+(sd_notify(3)).
 .TP
 .BR LISTEN_PID ", " LISTEN_FDS
 Set by systemd (exitwatch\-adopt.socket): the one socket

@@ -18,6 +18,7 @@ import click
 
 from exitwatch import __version__
 from exitwatch.cli import cli
+from exitwatch.kinds import registry
 from exitwatch.service.config import TABLE, Adopt, Config, ConfigError
 
 
@@ -130,23 +131,44 @@ def _type(name: str, of: type = Config) -> type:
     return typing.get_origin(hint) or hint
 
 
-def takes(name: str, table: bool = False) -> str:
-    """What key `name` (of the [adopt] table, with `table`) takes, in the words of
+def settings_of(table: str | None) -> type:
+    """The dataclass of the top level (None), of the [adopt] table, or of a kind's."""
+    if table is None:
+        return Config
+    return Adopt if table == TABLE else type(Config().kind(table))
+
+
+def _with(table: str | None, name: str, value: object) -> Config:
+    """The default config with key `name` of `table` (None: the top level) set."""
+    config = Config()
+    if table is None:
+        return replace(config, **{name: value})
+    if table == TABLE:
+        return replace(config, adopt=replace(config.adopt, **{name: value}))
+    return replace(
+        config, kinds={**config.kinds, table: replace(config.kind(table), **{name: value})}
+    )
+
+
+def takes(name: str, table: str | None = None) -> str:
+    """What key `name` (of `table`; None: the top level) takes, in the words of
     Config.validate()."""
-    kind = _type(name, Adopt if table else Config)
+    kind = _type(name, settings_of(table))
     bad = _OUT_OF_RANGE.get(kind)
     if bad is not None:
         try:
-            if table:
-                replace(Config(), adopt=replace(Adopt(), **{name: bad})).validate()
-            else:
-                replace(Config(), **{name: bad}).validate()
+            _with(table, name, bad).validate()
         except ConfigError as err:
-            key = f"{TABLE}.{name}" if table else name
+            key = f"{table}.{name}" if table else name
             said = re.match(rf"{re.escape(key)}: expected (.*), got ", str(err))
             if said:
                 return said[1]
     return "true or false" if kind is bool else f"a {_TOML_TYPES[kind]}"
+
+
+def aliases(table: str) -> dict[str, str]:
+    """A kind's flat keys of the file's top level, still read: old spelling → its field."""
+    return dict(next(reg.aliases for reg in registry.KINDS if reg.table == table))
 
 
 def toml(value: object) -> str:
@@ -160,14 +182,19 @@ def toml(value: object) -> str:
     return repr(value)
 
 
-def flags(name: str, table: bool = False) -> list[str]:
-    """The command-line options that set key `name` (of the [adopt] table, with `table`:
-    those of `exitwatch adopt`, whose own names may start with "adopt_"), with the commands
-    that take them."""
+def flags(name: str, table: str | None = None) -> list[str]:
+    """The command-line options that set key `name` of `table` (None: the top level), with
+    the commands that take them: for the [adopt] table those of `exitwatch adopt`, whose own
+    names may start with "adopt_"; for a kind's, those named as the key's flat alias."""
     top, found = root(), {}
-    names = {name, f"{TABLE}_{name}"} if table else {name}
+    if table is None:
+        names = {name}
+    elif table == TABLE:
+        names = {name, f"{TABLE}_{name}"}
+    else:
+        names = {old for old, new in aliases(table).items() if new == name}
     for cmd, ctx in commands(cli, top):
-        if (ctx.command_path == f"exitwatch {TABLE}") != table:
+        if (ctx.command_path == f"exitwatch {TABLE}") != (table == TABLE):
             continue
         for param in cmd.get_params(ctx):
             if isinstance(param, click.Option) and param.name in names:

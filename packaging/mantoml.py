@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from mansource import esc, field_docs, flags, header, prose, takes, toml
+from mansource import aliases, esc, field_docs, flags, header, prose, takes, toml
 
+from exitwatch.kinds import registry
 from exitwatch.service.config import DEFAULT_PATH, TABLE, Adopt, Config
 
 CONFIG_DESCRIPTION = rf"""
@@ -41,11 +42,19 @@ Error: {esc(DEFAULT_PATH)}: poll_interval: expected a number, got 'fast'
 A key that is unset by default takes a string; leave it out to keep it unset.
 """
 
+KIND_TABLE = """The {kind} kind's settings. `enabled = false` turns the kind off: the agent
+neither follows nor removes what it would."""
+
 CONFIG_EXAMPLE = """\
 source = "netlink"
-workdir_roots = ["/tmp", "/var/tmp", "/scratch"]
 metrics_addr = "127.0.0.1:9788"
 reconcile_interval = 300
+
+[workdirs]
+roots = ["/tmp", "/var/tmp", "/scratch"]
+
+[processes]
+enabled = false
 
 [adopt]
 rules = ["*/inspect eval *", "bench eval *"]
@@ -60,11 +69,11 @@ in a drop\-in
 """
 
 
-def _settings(of: type, docs: dict[str, str], table: bool) -> list[str]:
+def _settings(of: type, docs: dict[str, str], table: str | None) -> list[str]:
     out = []
     for field in fields(of):
-        if not table and field.name == TABLE:
-            continue  # a table of its own: its section follows
+        if table is None and field.name in (TABLE, "kinds"):
+            continue  # tables of their own: their sections follow
         value = "(unset)" if field.default is None else f"= {toml(field.default)}"
         out += [
             ".TP",
@@ -89,10 +98,19 @@ def exitwatch_toml_5() -> str:
         ".SH DESCRIPTION",
         CONFIG_DESCRIPTION.strip(),
         ".SH SETTINGS",
-        *_settings(Config, field_docs(Config), table=False),
+        *_settings(Config, field_docs(Config), table=None),
+    ]
+    for reg in registry.KINDS:
+        out += [f'.SS "[{reg.table}]"', prose(KIND_TABLE.format(kind=reg.kind))]
+        out += _settings(reg.settings, field_docs(reg.settings), table=reg.table)
+        spelled = [f"{old} ({new})" for old, new in aliases(reg.table).items()]
+        if spelled:
+            said = f"Still read at the top level, as before the tables: {', '.join(spelled)}"
+            out += [".PP", esc(said + "; each use is one warning in the log.")]
+    out += [
         f'.SS "[{TABLE}]"',
         prose(Adopt.__doc__ or ""),
-        *_settings(Adopt, field_docs(Adopt), table=True),
+        *_settings(Adopt, field_docs(Adopt), table=TABLE),
     ]
     out += [
         ".SH EXAMPLE",

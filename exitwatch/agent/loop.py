@@ -17,6 +17,7 @@ from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
 from exitwatch.agent.record import Recorder
 from exitwatch.agent.removals import Done, Pending, Removals
 from exitwatch.agent.settings import Settings
+from exitwatch.kinds import registry
 from exitwatch.kinds.base import Found, Gone, ResourceKind, Snapshot
 from exitwatch.owner import Owner, death, describe_status
 from exitwatch.sources.base import Exit, Lost, Source
@@ -29,8 +30,9 @@ RESYNC_DELAY = 0.1  # the longest a lost exit waits for its re-check while hints
 # Counted from start, so that every one is shown (and exported) from the first scrape.
 COUNTERS = (
     *("exit_hints", "resyncs", "removal_errors", "refusals", "gave_up"),
-    *("hook_runs", "hook_failures", "hook_timeouts"),
     *RECONCILE_COUNTERS,
+    # and each kind's own, which its removals move (hook_runs, ...)
+    *(key for reg in registry.KINDS for key in reg.counters),
 )
 
 

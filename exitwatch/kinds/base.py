@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from exitwatch.owner import Owner, death
+
+
+class Unavailable(Exception):
+    """What a kind lists from does not answer now (the engine): one line naming it. Proves
+    nothing about what it holds."""
 
 
 @dataclass(frozen=True)
@@ -169,3 +174,63 @@ class ResourceKind(abc.ABC):
     def health(self) -> dict:
         """What status shows about this kind's backend (e.g. the Docker endpoint)."""
         return {}
+
+    def scan_health(self, error: Unavailable | None) -> dict:
+        """What a one-shot scan shows about this kind's backend, its scan() having raised
+        `error` or not; {} for none."""
+        return {}
+
+    def ping(self) -> str | None:
+        """None when what this kind lists from answers; else one line naming it and why
+        not (`exitwatch reap` stops on it rather than find nothing)."""
+        return None
+
+
+def _names(held: list[Resource]) -> list:
+    """An owner's resources of a kind, as status lists them by default: sorted names."""
+    return sorted(r.name or r.key for r in held)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric of one kind, read from its health() at each scrape. A kind that is off
+    serves 0: a series that appears only once a kind is on reads "no data" to an alert."""
+
+    name: str  # e.g. "exitwatch_engine_connected"
+    help: str
+    key: str  # the health() key: a number, or a bool that counts as 0 or 1
+    counter: bool = False  # only ever grows (the name then ends in _total)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    """What a kind declares of itself, so that the service, the status document and its
+    text, the metrics, `exitwatch reap` and the config file iterate the kinds rather than
+    name them (kinds/registry.py lists them)."""
+
+    kind: str  # the kind's KIND: "container"
+    # Its settings table in the config file ([containers]), and the key of what a live
+    # owner holds of it in the status document.
+    table: str
+    # Its settings: a frozen dataclass whose first field is `enabled: bool = True`, with a
+    # docstring per field (exitwatch.toml(5) shows them) and a checks() method giving
+    # {field: (ok, what is expected)}.
+    settings: type
+    make: Callable[[Any], ResourceKind]  # the kind, from its settings
+    # The flat keys of the file's top level that still set a field of the table, as they
+    # did before the tables: {"workdir_roots": "roots"}. Each use is logged once with the
+    # new spelling.
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    # The status document's key of its health(), None when it shows none ("docker": the
+    # name operators know the engine's line by).
+    health_key: str | None = None
+    # The lines of the text view that tell its health(), given that document.
+    health_lines: Callable[[dict], list[str]] = lambda health: []
+    # What a live owner holds of it, for the status document, and the text view's lines
+    # of that.
+    held: Callable[[list[Resource]], list] = _names
+    held_lines: Callable[[list], list[str]] = lambda held: [f"    {h}" for h in held]
+    # Counters that its removals move (Outcome.counts): name → help of the metric
+    # exitwatch_NAME_total.
+    counters: Mapping[str, str] = field(default_factory=dict)
+    metrics: tuple[Metric, ...] = ()  # read from its health()

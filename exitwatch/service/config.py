@@ -3,17 +3,19 @@ TOML file that sets them."""
 
 from __future__ import annotations
 
+import functools
 import os
 import tomllib
 import types
 import typing
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
-from exitwatch.contract import HOOK_DIR
 from exitwatch.sources import MODES
 
 DEFAULT_PATH = "/etc/exitwatch/config.toml"
-TABLE = "adopt"  # the one table of the file: Config.adopt
+TABLE = "adopt"  # the table of `exitwatch adopt` (Config.adopt); each kind has its own
 
 
 class ConfigError(ValueError):
@@ -38,6 +40,15 @@ class Adopt:
     container with no match, the container's init; on the host with no match, nobody."""
 
 
+def _kind_defaults() -> dict[str, Any]:
+    """Every kind's settings table at its defaults, by table name. The kinds are imported
+    here, when a Config is made, not with this module: `exitwatch run` and `labels` load
+    the command line, never a config."""
+    from exitwatch.kinds import registry
+
+    return {reg.table: reg.settings() for reg in registry.KINDS}
+
+
 @dataclass(frozen=True)
 class Config:
     source: str = "auto"
@@ -48,32 +59,14 @@ class Config:
     """Seconds between procfs checks of the watched owners (poll source)."""
     ebpf_max_owners: int = 65536
     """Owners the ebpf source watches in the kernel; the rest are polled."""
-    workdir_roots: tuple[str, ...] = ("/tmp", "/var/tmp")
-    """Directories under which marked workdirs are looked for."""
-    workdir_depth: int = 3
-    """How many levels below a root a workdir may be."""
-    kill_leftovers: bool = True
-    """Kill a dead `exitwatch run`'s leftover processes (EXITWATCH_OWNER and EXITWATCH_RUN
-    in their environment)."""
-    leftovers_interval: float = 1.0
-    """Seconds between two listings of /proc for a dead run's leftover processes."""
-    docker_host: str | None = None
-    """Docker engine URL; unset: DOCKER_HOST, or the default socket."""
     reap_workers: int = 16
     """Removals run in parallel on this many threads."""
-    engine_concurrency: int = 16
-    """At most this many requests to the Docker engine are under way at once for removals
-    (of containers, their networks and volumes, and the listings they need), over every
-    removal of the process: a dead owner with 1,000 containers, or many dead owners at
-    once, wait their turn rather than flood the engine."""
     reap_attempts: int = 3
     """A removal that fails is tried this many times in all, 0.5 s, 2 s, 8 s, ... apart: the
     agent's attempts. Within each, the container kind sends each engine call up to 3 times
     (0.2 s, then 0.4 s apart), so the engine may be asked 3 times reap_attempts; the log
     line of a failure says its tries, and the last one the attempts. `exitwatch reap` also
     judges an owner whose liveness cannot be read this many times, a second apart."""
-    hook_dir: str = HOOK_DIR
-    """The spool of on-death hooks (root's, mode 1733; the agent creates it)."""
     reconcile_interval: float = 600.0
     """Seconds between full listings of every kind, which retry what was missed, refused or
     given up; 0: only at start."""
@@ -89,40 +82,48 @@ class Config:
     """Log lines on stderr as "text" or "json"."""
     adopt: Adopt = Adopt()
     """The `[adopt]` table: the settings of `exitwatch adopt` (below)."""
+    kinds: Mapping[str, Any] = field(default_factory=_kind_defaults)
+    """Each kind's table ([containers], [workdirs], [hooks], [processes]), by its name:
+    the kind's own settings, `enabled` first (kinds/registry.py)."""
+
+    def kind(self, table: str) -> Any:
+        """The settings of the kind whose table is `table`."""
+        return self.kinds[table]
 
     def describe(self) -> str:
         return " ".join(f"{k}={v!r}" for k, v in asdict(self).items())
+
+    def updated(self, values: Mapping[str, object], notes: list[str] | None = None) -> Config:
+        """This config with `values` set, by top-level key or by a kind's flat alias
+        ("workdir_roots" sets [workdirs] roots); each alias used is told in `notes`, with
+        its new spelling. Values are taken as they are: validate() checks them."""
+        top: dict[str, object] = {}
+        tables = dict(self.kinds)
+        for key, value in values.items():
+            alias = _aliases().get(key)
+            if alias is None:
+                top[key] = value
+                continue
+            table, name = alias
+            tables[table] = replace(tables[table], **{name: value})
+            if notes is not None:
+                notes.append(
+                    f"{key} is spelled {name} in the [{table}] table now; {key} still works"
+                )
+        return replace(self, **top, kinds=tables)
 
     def validate(self) -> None:
         """Raise ConfigError(key: what is expected) for a value out of range."""
         checks = {
             "source": (self.source in MODES, f"one of {', '.join(MODES)}"),
             "poll_interval": (0.01 <= self.poll_interval <= 3600, "a number in 0.01..3600"),
-            "workdir_roots": (
-                all(r.startswith("/") for r in self.workdir_roots),
-                "a list of absolute paths",
-            ),
             "ebpf_max_owners": (1 <= self.ebpf_max_owners <= 1 << 24, "an integer in 1..16777216"),
-            "workdir_depth": (1 <= self.workdir_depth <= 16, "an integer in 1..16"),
-            "leftovers_interval": (
-                0.1 <= self.leftovers_interval <= 3600,
-                "a number in 0.1..3600",
-            ),
             "reap_workers": (1 <= self.reap_workers <= 256, "an integer in 1..256"),
-            "engine_concurrency": (
-                1 <= self.engine_concurrency <= 256,
-                "an integer in 1..256",
-            ),
             "reap_attempts": (1 <= self.reap_attempts <= 10, "an integer in 1..10"),
             "reconcile_interval": (
                 self.reconcile_interval == 0 or 1 <= self.reconcile_interval <= 86400,
                 "0 (off) or a number in 1..86400",
             ),
-            "docker_host": (
-                self.docker_host is None or self.docker_host.startswith("unix://"),
-                "a local engine's unix:// socket (owners are processes of this host)",
-            ),
-            "hook_dir": (self.hook_dir.startswith("/"), "an absolute path"),
             "status_socket": (self.status_socket.startswith("/"), "an absolute path"),
             "audit_log": (
                 self.audit_log == "" or self.audit_log.startswith("/"),
@@ -138,6 +139,11 @@ class Config:
         for key, (ok, expected) in checks.items():
             if not ok:
                 raise ConfigError(f"{key}: expected {expected}, got {getattr(self, key)!r}")
+        for table, settings in self.kinds.items():
+            for key, (ok, expected) in settings.checks().items():
+                if not ok:
+                    got = getattr(settings, key)
+                    raise ConfigError(f"{table}.{key}: expected {expected}, got {got!r}")
         self._validate_adopt()
 
     def _validate_adopt(self) -> None:
@@ -162,6 +168,16 @@ class Config:
                 raise ConfigError(f"{TABLE}.{key}: expected {expected}, got {got!r}")
 
 
+@functools.cache
+def _aliases() -> dict[str, tuple[str, str]]:
+    """Every kind's flat alias: key → (table, field)."""
+    from exitwatch.kinds import registry
+
+    return {
+        alias: (reg.table, name) for reg in registry.KINDS for alias, name in reg.aliases.items()
+    }
+
+
 def parse_addr(addr: str) -> tuple[str, int] | None:
     """HOST:PORT (or [V6]:PORT) → (host, port), or None if malformed."""
     host, sep, port = addr.rpartition(":")
@@ -170,7 +186,6 @@ def parse_addr(addr: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-_HINTS = {Config: typing.get_type_hints(Config), Adopt: typing.get_type_hints(Adopt)}
 _NAMES = {
     "str": "a string",
     "bool": "true or false",
@@ -182,7 +197,7 @@ _NAMES = {
 
 def _coerce(key: str, value: object, of: type = Config, shown: str = "") -> object:
     """TOML value → field value of `of`, or ConfigError naming what the key expects."""
-    hint = _HINTS[of][key]
+    hint = _hints(of)[key]
     want = typing.get_origin(hint) or hint
     if want is types.UnionType:  # `str | None`: TOML has no null, so a string it is
         want = str
@@ -198,17 +213,22 @@ def _coerce(key: str, value: object, of: type = Config, shown: str = "") -> obje
     return tuple(value) if want is tuple else float(value) if want is float else value
 
 
-def _table(value: object, base: Adopt) -> Adopt:
-    """The `[adopt]` table over `base`."""
+@functools.cache
+def _hints(of: type) -> dict[str, Any]:
+    return typing.get_type_hints(of)
+
+
+def _table(name: str, value: object, base: Any) -> Any:
+    """The table `name` of the file over `base`, its settings as they stand."""
     if not isinstance(value, dict):
-        raise ConfigError(f"{TABLE}: expected a table ([{TABLE}]), got {value!r}")
-    known = {f.name for f in fields(Adopt)}
+        raise ConfigError(f"{name}: expected a table ([{name}]), got {value!r}")
+    known = {f.name for f in fields(base)}
     values = {}
     for key, item in value.items():
         if key not in known:
             names = ", ".join(sorted(known))
-            raise ConfigError(f"unknown key '{TABLE}.{key}' (known in [{TABLE}]: {names})")
-        values[key] = _coerce(key, item, Adopt, f"{TABLE}.{key}")
+            raise ConfigError(f"unknown key '{name}.{key}' (known in [{name}]: {names})")
+        values[key] = _coerce(key, item, type(base), f"{name}.{key}")
     return replace(base, **values)
 
 
@@ -221,8 +241,9 @@ def _unreadable(err: OSError) -> str:
     return ""
 
 
-def load(path: str, base: Config | None = None) -> Config:
-    """Read a TOML config file over `base` (default: the defaults)."""
+def load(path: str, base: Config | None = None, notes: list[str] | None = None) -> Config:
+    """Read a TOML config file over `base` (default: the defaults). Each flat alias of a
+    kind's setting that it uses is told in `notes`, with its new spelling."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -230,19 +251,36 @@ def load(path: str, base: Config | None = None) -> Config:
         raise ConfigError(f"{path}: cannot read: {err.strerror}{_unreadable(err)}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    base = base or Config()
-    known = {f.name for f in fields(Config)} - {TABLE}
-    values: dict[str, object] = {}
+    config = base or Config()
+    tables = set(config.kinds)
+    known = ({f.name for f in fields(Config)} - {TABLE, "kinds"}) | set(_aliases())
+    flat: dict[str, object] = {}
     try:
         for key, value in data.items():
             if key == TABLE:
-                values[key] = _table(value, base.adopt)
-                continue
-            if key not in known:
-                raise ConfigError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
-            values[key] = _coerce(key, value)
-        config = replace(base, **values)
+                config = replace(config, adopt=_table(TABLE, value, config.adopt))
+            elif key in tables:
+                kinds = dict(config.kinds) | {key: _table(key, value, config.kind(key))}
+                config = replace(config, kinds=kinds)
+            elif key in known:
+                alias = _aliases().get(key)
+                of = Config if alias is None else type(config.kind(alias[0]))
+                flat[key] = _coerce(key if alias is None else alias[1], value, of, key)
+            else:
+                names = ", ".join(sorted(known | tables | {TABLE}))
+                raise ConfigError(f"unknown key {key!r} (known: {names})")
+        # A table's own spelling wins over a flat alias of the same setting.
+        spelled = {k: v for k, v in flat.items() if not _set_in_table(k, data)}
+        config = config.updated(spelled, notes)
         config.validate()
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     return config
+
+
+def _set_in_table(key: str, data: Mapping[str, object]) -> bool:
+    alias = _aliases().get(key)
+    if alias is None:
+        return False
+    table = data.get(alias[0])
+    return isinstance(table, dict) and alias[1] in table

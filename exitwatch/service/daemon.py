@@ -13,13 +13,8 @@ from exitwatch import __version__
 from exitwatch.agent.audit import AuditLog
 from exitwatch.agent.loop import Agent
 from exitwatch.agent.record import Recorder
+from exitwatch.kinds import registry
 from exitwatch.kinds.base import ResourceKind
-from exitwatch.kinds.docker.host import socket_path
-from exitwatch.kinds.docker.kind import KIND as CONTAINER
-from exitwatch.kinds.docker.kind import Containers
-from exitwatch.kinds.hooks.kind import Hooks
-from exitwatch.kinds.processes.kind import Processes
-from exitwatch.kinds.workdirs.kind import Workdirs
 from exitwatch.service.config import Config, ConfigError
 from exitwatch.service.status import build
 from exitwatch.service.status.server import StatusServer
@@ -30,25 +25,20 @@ log = logging.getLogger(__name__)
 
 
 def make_kinds(config: Config) -> dict[str, ResourceKind]:
-    """The resource kinds, by name.
+    """The kinds that are on, by name, in the registry's order.
 
-    Raises ConfigError for an engine that is not a local socket (DOCKER_HOST may name
-    one): owners of another host carry another boot id, which reads as "rebooted".
-    """
-    containers = Containers(config.docker_host, concurrency=config.engine_concurrency)
-    if socket_path(containers.host) is None:
-        raise ConfigError(
-            "docker_host: expected a local engine's unix:// socket (owners are processes of "
-            f"this host), got {containers.host!r}"
-        )
-    kinds = [
-        containers,
-        Workdirs(config.workdir_roots, config.workdir_depth),
-        Hooks(config.hook_dir),
-    ]
-    if config.kill_leftovers:
-        kinds.append(Processes(config.leftovers_interval))
-    return {kind.kind: kind for kind in kinds}
+    Raises ConfigError for settings that a kind refuses when it is made (an engine that is
+    not a local socket, which DOCKER_HOST may name)."""
+    kinds = {}
+    for reg in registry.KINDS:
+        settings = config.kind(reg.table)
+        if not settings.enabled:
+            continue
+        try:
+            kinds[reg.kind] = reg.make(settings)
+        except ValueError as err:
+            raise ConfigError(f"{reg.table}.{err}") from None
+    return kinds
 
 
 class Service:
@@ -59,10 +49,25 @@ class Service:
         self._agent: Agent | None = None
         self._stop_requested = threading.Event()
         self._stop_at = 0.0
+        # Set by stop() for good: no reload runs after it, and systemd is told STOPPING=1.
+        self.stopping = threading.Event()
+        # Whether the run ends for a reload: systemd is then told RELOADING=1, not
+        # STOPPING=1, which it takes for a stop it did not ask, ended with SIGKILL.
+        self._reloading = False
 
     def stop(self) -> None:
-        """Make run() return; callable from any thread (not a signal handler: see
-        shutdown.on_signals)."""
+        """Make run() return, and the process end; callable from any thread (not a signal
+        handler: see shutdown.on_signals)."""
+        self.stopping.set()
+        self._end_run()
+
+    def reload(self) -> None:
+        """Make run() return for another run() with the config read again; callable from
+        any thread (not a signal handler)."""
+        self._reloading = True
+        self._end_run()
+
+    def _end_run(self) -> None:
         self._stop_at = time.monotonic()
         self._stop_requested.set()
         agent = self._agent  # once: run() may set it to None between two reads
@@ -70,8 +75,9 @@ class Service:
             agent.stop()
 
     def rearm(self) -> None:
-        """Forget a stop that has been handled, before run() is called again (a reload).
-        A stop() after this makes the next run() return at once."""
+        """Forget a reload that has been handled, before run() is called again. A stop() or
+        reload() after this makes the next run() return at once."""
+        self._reloading = False
         self._stop_requested.clear()
 
     def run(self, deadline: float) -> int:
@@ -110,8 +116,7 @@ class Service:
             if config.metrics_addr:
                 from exitwatch.service.metrics import Metrics
 
-                docker = kinds[CONTAINER]
-                metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, docker))
+                metrics = Metrics(config.metrics_addr, lambda: _metrics_state(agent, kinds))
                 recorder.observe = metrics.observe
                 closers.append(metrics.close)
             server = StatusServer(
@@ -123,7 +128,13 @@ class Service:
                 agent.stop()
             self.notifier.send(f"READY=1\nSTATUS=following exits with {source.name}")
             agent.run()
-            self.notifier.send("STOPPING=1")
+            if self._reloading and not self.stopping.is_set():
+                # The same process runs on; READY=1 at the next run() ends the reload
+                # (sd_notify(3): RELOADING=1 with the time it began).
+                usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+                self.notifier.send(f"RELOADING=1\nMONOTONIC_USEC={usec}")
+            else:
+                self.notifier.send("STOPPING=1")
             # No one is served while the removals under way finish: they get the time.
             while closers:
                 closers.pop()()
@@ -142,15 +153,17 @@ class Service:
                 audit.close()
 
 
-def _metrics_state(agent: Agent, docker: ResourceKind) -> dict:
+def _metrics_state(agent: Agent, kinds: dict[str, ResourceKind]) -> dict:
+    """The agent's counters and gauges, and each kind's health (none for a kind that is
+    off), as service/metrics.py reads them."""
     counters = agent.counters()
-    health = docker.health()
     return {
         **counters,
         **agent.ask(agent.gauges),  # a wedged loop fails the scrape rather than lie
         "reaped": {
             k.removeprefix("reaped_"): v for k, v in counters.items() if k.startswith("reaped_")
         },
-        "reconnects": health.get("reconnects", 0),
-        "engine_connected": int(bool(health.get("connected"))),
+        "health": {
+            reg.kind: kinds[reg.kind].health() for reg in registry.KINDS if reg.kind in kinds
+        },
     }

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from exitwatch.kinds import registry
 from exitwatch.service.config import parse_addr
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ REQUEST_DEADLINE = 5.0  # seconds from accept to the last byte answered
 MAX_REQUEST = 8192  # bytes of request line and headers; nothing else is read
 ACCEPT_PAUSE = 0.1  # seconds without accepting after the fd table was full
 
-# name → (help, key in the agent's state). Counters only ever grow.
+# name → (help, key in the agent's state). Counters only ever grow. Each kind adds its own
+# (kinds/registry.py): the counters its removals move and the metrics of its health().
 COUNTERS = {
     "exitwatch_exits_seen_total": ("Exit events read by the exit source.", "exits_seen"),
     "exitwatch_exit_hints_total": ("Exit hints about watched owners.", "exit_hints"),
@@ -42,13 +44,6 @@ COUNTERS = {
     "exitwatch_removal_errors_total": ("Removals that failed.", "removal_errors"),
     "exitwatch_removals_given_up_total": ("Removals abandoned after every attempt.", "gave_up"),
     "exitwatch_refusals_total": ("Resources a safety check left alone.", "refusals"),
-    "exitwatch_engine_reconnects_total": ("Docker events stream reconnects.", "reconnects"),
-    "exitwatch_hook_runs_total": ("On-death hooks run (each attempt).", "hook_runs"),
-    "exitwatch_hook_failures_total": (
-        "On-death hook runs that failed to start or exited non-zero.",
-        "hook_failures",
-    ),
-    "exitwatch_hook_timeouts_total": ("On-death hooks killed at their timeout.", "hook_timeouts"),
     "exitwatch_reconciles_total": ("Full listings done, at start and periodic.", "reconciles"),
     "exitwatch_reconcile_missed_total": (
         "Resources a periodic reconcile found that the index did not hold.",
@@ -66,7 +61,6 @@ GAUGES = {
         "Age of the oldest removal (not hook) running or waiting to retry, from its owner's death.",
         "oldest_pending",
     ),
-    "exitwatch_engine_connected": ("1 while the Docker engine answers.", "engine_connected"),
     "exitwatch_last_reconcile_timestamp_seconds": (
         "Unix time the last reconcile ended; 0 before the first.",
         "last_reconcile",
@@ -288,6 +282,17 @@ class _StateCollector:
         yield reaped
         for name, (text, key) in GAUGES.items():
             yield GaugeMetricFamily(name, text, value=state[key])
+        for reg in registry.KINDS:
+            for key, text in reg.counters.items():
+                yield CounterMetricFamily(f"exitwatch_{key}", text, value=state.get(key, 0))
+            health = state["health"].get(reg.kind, {})
+            for metric in reg.metrics:
+                value = float(health.get(metric.key) or 0)
+                if metric.counter:
+                    name = metric.name.removesuffix("_total")
+                    yield CounterMetricFamily(name, metric.help, value=value)
+                else:
+                    yield GaugeMetricFamily(metric.name, metric.help, value=value)
         held = GaugeMetricFamily(
             "exitwatch_resources_watched", "Resources of live owners, by kind.", labels=["kind"]
         )

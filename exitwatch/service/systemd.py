@@ -1,4 +1,4 @@
-"""sd_notify: READY=1, WATCHDOG=1 and STOPPING=1 over systemd's datagram socket."""
+"""sd_notify: READY=1, WATCHDOG=1, RELOADING=1 and STOPPING=1 over systemd's datagram socket."""
 
 from __future__ import annotations
 

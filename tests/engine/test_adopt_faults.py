@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from exitwatch import procfs
+from exitwatch.adopt.peers import Adopting
 from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME
-from exitwatch.runner.peers import Adopting
-from exitwatch.runner.proxy import Proxy, listen
+from exitwatch.proxy.server import Proxy, listen
 
 from support.adopt import (
     Adopt,

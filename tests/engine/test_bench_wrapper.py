@@ -12,7 +12,7 @@ import pytest
 from docker.transport.unixconn import UnixHTTPConnection
 
 from bench import wrapper
-from exitwatch.runner.policy import Always
+from exitwatch.proxy.policy import Always
 
 from support.proxying import DEADLINE, OWNER, serving
 

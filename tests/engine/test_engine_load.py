@@ -58,7 +58,8 @@ def test_removals_of_many_dead_owners_at_once_stay_within_engine_concurrency(
     spy = InFlight(engine_client.request)
     monkeypatch.setattr(engine_client, "request", spy)
     # As the agent and `exitwatch reap` make it, from the setting.
-    kind = make_kinds(Config(docker_host=engine.host, engine_concurrency=4))["container"]
+    settings = {"docker_host": engine.host, "engine_concurrency": 4}
+    kind = make_kinds(Config().updated(settings))["container"]
     assert isinstance(kind, Containers)
     try:
         owners = [owned(engine, 40) for _ in range(3)]

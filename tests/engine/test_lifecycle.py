@@ -100,6 +100,36 @@ def test_sd_notify_stopping_on_sigterm(run_agent):
     assert seen.index("READY=1") < seen.index("STOPPING=1")
 
 
+def test_sighup_tells_systemd_reloading_then_ready_never_stopping(run_agent):
+    """A reload keeps the process: systemd hears RELOADING=1 (with the time it began) and
+    then READY=1. STOPPING=1 there made systemd take the reload for a stop it had not asked,
+    and SIGKILL the agent 10 s later (TimeoutStopSec=); SIGTERM still says STOPPING=1."""
+    path = tempfile.mktemp(prefix="exitwatch-notify-")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(30)
+        try:
+            agent = run_agent(env={"NOTIFY_SOCKET": path}, ready=False)
+            seen: list[str] = []
+            while "READY=1" not in seen:
+                seen += sock.recv(4096).decode().splitlines()
+            for _ in range(2):  # a reload, and another on the reloaded run
+                del seen[:]
+                agent.proc.send_signal(signal.SIGHUP)
+                while "READY=1" not in seen:
+                    seen += sock.recv(4096).decode().splitlines()
+                assert seen[0] == "RELOADING=1" and "STOPPING=1" not in seen, seen
+                usec = int(next(m for m in seen if m.startswith("MONOTONIC_USEC=")).split("=")[1])
+                assert 0 < time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - usec < 30e6
+                assert agent.proc.poll() is None
+            agent.proc.send_signal(signal.SIGTERM)
+            while "STOPPING=1" not in seen:
+                seen += sock.recv(4096).decode().splitlines()
+            assert agent.proc.wait(timeout=30) == 0
+        finally:
+            os.unlink(path)
+
+
 # -- SIGTERM with a removal in flight -------------------------------------------------------
 
 

@@ -6,11 +6,18 @@ system/test_processes.py drives the kind itself."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import tempfile
 from pathlib import Path
 
+from exitwatch.contract import mark_workdir
 from exitwatch.kinds.processes.kind import KIND
+from exitwatch.service.status.text import render
 
-from support.agentproc import Agent, running
+from support.agentproc import Agent, agent_argv, free_port, running, scrape
+from support.packaging import bounding_set
 from support.procs import wait_for
 from support.runs import CONTESTED_TRIES, WRAPPER, FakeRun, Proc, other_agents
 
@@ -147,3 +154,89 @@ def test_anothers_process_carrying_a_root_runs_owner_is_left(
         refused = _recorded(agent, planted, refused=True)
         assert "are not the run's uid 0" in refused["result"]
         assert not planted.ended()
+
+
+# -- The packaged unit's capabilities --------------------------------------------------------
+
+
+def _held_to(bounding: str, engine, workroot: Path, log: Path, *extra: str) -> Agent:
+    """An agent with the process kind, run as root within the capability bounding set
+    `bounding` (setpriv, as systemd's CapabilityBoundingSet= does), ready."""
+    argv = agent_argv("netlink", engine.host, workroot, extra=extra, leftovers=True)
+    agent = Agent(["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", *argv], log)
+    agent.wait_log("ready:")
+    return agent
+
+
+def _zombie(run: FakeRun) -> None:
+    """SIGKILL the run's wrapper and leave it a zombie of this process (the runs fixture
+    waits for it): its exit code is there to read, for whom may read it."""
+    os.kill(run.proc.pid, signal.SIGKILL)
+
+
+def test_the_units_capabilities_let_the_kind_kill_roots_and_a_users_leftovers(
+    engine, workroot, tmp_path, attacker, runs
+):
+    """Under the packaged unit's bounding set the kind reads every process: a SIGKILLed
+    run's leftovers die, root's and a user's, and its death is told as it was. Without
+    CAP_SYS_PTRACE in the set, none was (the next test)."""
+    agent = _held_to(bounding_set(), engine, workroot, tmp_path / "agent.log")
+    try:
+        for user in (None, attacker):
+            for _ in range(CONTESTED_TRIES):
+                run = FakeRun(user)
+                runs.append(run)
+                _holding(agent, run, 1)
+                _zombie(run)
+                wait_for(run.leftover.ended, timeout=DEADLINE, what="the leftover killed")
+                killed = _recorded(agent, run.leftover)
+                if not _beaten(agent, killed):
+                    break
+            else:
+                raise AssertionError(f"other agents killed all {CONTESTED_TRIES} leftovers first")
+            assert killed["ok"] and killed["death"] == "zombie, killed by SIGKILL", killed
+        processes = agent.status()["processes"]
+        assert processes["unreadable"] == 0 and processes["last_unreadable"] is None
+        assert "blind" not in agent.text()
+    finally:
+        agent.stop()
+
+
+def test_without_cap_sys_ptrace_the_kind_says_it_is_blind(
+    engine, workroot, tmp_path, attacker, runs
+):
+    """The unit less CAP_SYS_PTRACE (a drop-in that took it): no process's environment can
+    be read, and the agent says so once in its log, in status and in a metric, instead of
+    skipping them in silence; a zombie owner's exit code reads 0 there, so how it ended is
+    told as unknown, not as "exited with code 0"."""
+    port = free_port()
+    bounding = bounding_set(drop=("CAP_SYS_PTRACE",))
+    metrics = ("--metrics-addr", f"127.0.0.1:{port}")
+    agent = _held_to(bounding, engine, workroot, tmp_path / "agent.log", *metrics)
+    try:
+        run = FakeRun(attacker)
+        runs.append(run)
+        agent.wait_log("is blind to such processes")
+        wait_for(lambda: agent.status()["processes"]["unreadable"] > 0, what="unreadable > 0")
+        status = agent.status()
+        assert status["processes"]["last_unreadable"], status["processes"]
+        assert "BLIND to" in render(status)
+        scraped = re.search(r"^exitwatch_processes_unreadable (\S+)$", scrape(port), re.M)
+        assert scraped and float(scraped[1]) > 0, scraped
+        # The owner's workdir goes; the death recorded is not a made-up exit code 0.
+        workdir = Path(tempfile.mkdtemp(dir=workroot))
+        mark_workdir(workdir, pid=run.proc.pid)
+        agent.wait_holding(run.proc.pid, workdirs=1)
+        _zombie(run)
+        wait_for(lambda: not workdir.exists(), timeout=DEADLINE, what=f"{workdir} removed")
+        entry = wait_for(
+            lambda: next((r for r in _audit(agent) if r["owner"] == str(run.owner)), None),
+            timeout=DEADLINE,
+            what="the workdir's audit entry",
+        )
+        assert entry["death"].startswith("zombie, how it ended unknown"), entry
+        # Once, however many rescans met a process it could not read.
+        wait_for(lambda: agent.status()["processes"]["rescans"] > 2, what="rescans")
+        assert agent.text().count("is blind to such processes") == 1, agent.text()
+    finally:
+        agent.stop()

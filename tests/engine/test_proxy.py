@@ -1,4 +1,4 @@
-"""The run's socket (exitwatch.runner.proxy) against the private engine: each client's output
+"""The run's socket (exitwatch.proxy.server) against the private engine: each client's output
 through it equals the same command's run directly, and whatever it creates carries the run's
 owner."""
 
@@ -21,8 +21,8 @@ import pytest
 
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
-from exitwatch.runner.policy import Always
-from exitwatch.runner.proxy import Proxy, listen
+from exitwatch.proxy.policy import Always
+from exitwatch.proxy.server import Proxy, listen
 
 from support import tools
 from support.transparency import (

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.runner.policy import Always, Owner, Refuse
-from exitwatch.runner.reader import MAX_BODY
+from exitwatch.proxy.policy import Always, Owner, Refuse
+from exitwatch.proxy.reader import MAX_BODY
 
 from support.proxying import (
     DEADLINE,

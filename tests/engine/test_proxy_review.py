@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.runner.policy import Always
-from exitwatch.runner.reader import BODY_DEADLINE, MAX_BODY
+from exitwatch.proxy.policy import Always
+from exitwatch.proxy.reader import BODY_DEADLINE, MAX_BODY
 
 from support.proxying import DEADLINE, OWNER, config, containers, exchange, post, serving
 

@@ -11,8 +11,8 @@ import threading
 import psutil
 
 from exitwatch.contract import LABEL_OWNER
-from exitwatch.runner.creation import MAX_VALUES
-from exitwatch.runner.reader import MAX_BODY
+from exitwatch.proxy.creation import MAX_VALUES
+from exitwatch.proxy.reader import MAX_BODY
 
 from support.wrapper import RUN, env_for
 

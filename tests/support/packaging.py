@@ -12,6 +12,7 @@ PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 RULES = PACKAGING / "prometheus" / "exitwatch.rules.yml"
 RULES_TEST = PACKAGING / "prometheus" / "exitwatch.rules.test.yml"
 DASHBOARD = PACKAGING / "grafana" / "exitwatch.json"
+UNIT_SOURCE = PACKAGING / "debian" / "exitwatch.service"  # the agent's unit, as packaged
 # What the environment of a root shell on a bench host looks like: no pyenv, no tree.
 DEBIAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
 PAGES = (  # the man pages the .deb ships
@@ -34,3 +35,15 @@ def dashboard_exprs() -> list[str]:
     """The PromQL of every panel of the dashboard."""
     doc = json.loads(DASHBOARD.read_text())
     return [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+
+
+def bounding_set(unit: Path | str = UNIT_SOURCE, drop: tuple[str, ...] = ()) -> str:
+    """The unit's CapabilityBoundingSet=, less `drop` ("CAP_SYS_PTRACE", ...), as a
+    setpriv --bounding-set argument: a process run under it as root holds what the unit
+    would give the agent, and nothing more."""
+    line = next(
+        ln for ln in Path(unit).read_text().splitlines() if ln.startswith("CapabilityBoundingSet=")
+    )
+    caps = [c for c in line.split("=", 1)[1].split() if c not in drop]
+    assert not set(drop) - set(line.split()), f"{drop} not in {line}"
+    return ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in caps)])

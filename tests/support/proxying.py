@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import h11
 
 from exitwatch.owner import owner_of
-from exitwatch.runner.policy import Policy
-from exitwatch.runner.proxy import Proxy, listen
+from exitwatch.proxy.policy import Policy
+from exitwatch.proxy.server import Proxy, listen
 
 OWNER = str(owner_of())
 DEADLINE = 30.0  # seconds for any one exchange: a hang fails the test instead of holding it

@@ -89,7 +89,7 @@ CONTESTED_TRIES = 8
 def other_agents(but: int | None = None) -> list[str]:
     """The exitwatch agents and reaps on the host other than process `but`. The process kind
     is host-wide: each of them with it kills a dead run's leftovers too, and may get there
-    first (issue 19: never a live leftover judged gone)."""
+    first (never a live leftover judged gone)."""
     others = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -97,6 +97,34 @@ def other_agents(but: int | None = None) -> list[str]:
         except OSError:
             continue
         words = [w.decode(errors="replace") for w in argv]
-        if int(pid) != but and "exitwatch" in words and {"agent", "reap"} & set(words):
+        if int(pid) != but and exitwatch_command(words) in ("agent", "reap"):
             others.append(f"{pid}: {' '.join(words)[:200]}")
     return others
+
+
+def exitwatch_command(argv: list[str]) -> str | None:
+    """The exitwatch command ("agent", "reap", "run", ...) that a process with these
+    arguments runs, however it was started: the console script by any path
+    (/usr/bin/exitwatch, a venv's, ./exitwatch), its interpreter before it, or `python -m
+    exitwatch`; None for any other program. The command is the first word after the
+    program that is not an option (options before it, such as --config, take a value)."""
+    if not argv or not os.path.basename(argv[0]).startswith(("python", "exitwatch")):
+        return None
+    for i, word in enumerate(argv):
+        if word == "-m" and i + 1 < len(argv) and argv[i + 1] in ("exitwatch", "exitwatch.cli"):
+            rest = argv[i + 2 :]
+            break
+        if os.path.basename(word) == "exitwatch":
+            rest = argv[i + 1 :]
+            break
+        if i > 0 and not word.startswith("-"):
+            return None  # an interpreter's script that is not exitwatch's
+    else:
+        return None
+    words = iter(rest)
+    for word in words:
+        if word.startswith("--") and "=" not in word:
+            next(words, None)  # the option's value
+        elif not word.startswith("-"):
+            return word
+    return None

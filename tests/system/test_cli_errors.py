@@ -19,7 +19,7 @@ from support.cli import EXITWATCH, exitwatch
         ("colour = 3\n", "unknown key 'colour'"),
         ('poll_interval = "fast"\n', "poll_interval: expected a number, got 'fast'"),
         ('source = "psychic"\n', "source: expected one of auto, ebpf, netlink, poll"),
-        ("workdir_depth = 0\n", "workdir_depth: expected an integer in 1..16, got 0"),
+        ("workdir_depth = 0\n", "workdirs.depth: expected an integer in 1..16, got 0"),
         ('workdir_roots = "/tmp"\n', "workdir_roots: expected a list of strings"),
         ('metrics_addr = "localhost"\n', "metrics_addr: expected HOST:PORT"),
         ('docker_host = "tcp://10.0.0.5:2375"\n', "docker_host: expected a local engine's unix://"),
@@ -51,8 +51,8 @@ def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
     done = exitwatch("reap", "--workdir-root", str(tmp_path), "--audit-log", "", env=env)
     assert done.returncode != 0
     assert done.stderr.strip() == (
-        "Error: docker_host: expected a local engine's unix:// socket (owners are processes "
-        "of this host), got 'tcp://10.0.0.5:2375'"
+        "Error: containers.docker_host: expected a local engine's unix:// socket (owners are "
+        "processes of this host), got 'tcp://10.0.0.5:2375'"
     )
 
 

@@ -27,7 +27,7 @@ import pytest
 from exitwatch.contract import HOOK_DIR
 
 from support.agentproc import quiet_config
-from support.packaging import DEBIAN_ENV, PAGES, man
+from support.packaging import DEBIAN_ENV, PAGES, bounding_set, man
 from support.procs import kill, run, spawn_owner, wait_for
 
 pytestmark = pytest.mark.deb  # the package's CI path
@@ -192,15 +192,6 @@ def test_the_postinst_makes_the_spool_where_there_is_no_systemd_tmpfiles(install
     assert (oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid) == (oct(0o1733), 0, 0)
 
 
-def _capabilities(unit: str) -> str:
-    """The unit's CapabilityBoundingSet= as a setpriv --bounding-set argument."""
-    line = next(
-        ln for ln in Path(unit).read_text().splitlines() if ln.startswith("CapabilityBoundingSet=")
-    )
-    caps = line.split("=", 1)[1].split()
-    return ",".join(["-all", *(f"+{c.removeprefix('CAP_').lower()}" for c in caps)])
-
-
 def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) -> None:
     """The installed CLI labels and marks; the installed agent, on Debian's python3 and held
     to the unit's capability bounding set, removes both once the owner is SIGKILLed."""
@@ -222,7 +213,7 @@ def test_installed_agent_reaps_a_sigkilled_owner(installed, engine, tmp_path) ->
         agent = subprocess.Popen(
             [
                 "setpriv",
-                f"--bounding-set={_capabilities(UNIT)}",
+                f"--bounding-set={bounding_set(UNIT)}",
                 "--inh-caps=-all",
                 "/usr/bin/exitwatch",
                 "agent",

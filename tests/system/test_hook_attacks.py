@@ -413,7 +413,7 @@ def test_a_symlinked_spool_is_refused_by_both_sides_in_the_same_words(
     )
     todo = (
         "it must be a directory of root's, mode 1733, as the agent makes it (or set "
-        f"{ENV_HOOK_DIR} to the agent's hook_dir)"
+        f"{ENV_HOOK_DIR} to the agent's [hooks] dir)"
     )
     assert (done.returncode, done.stderr) == (1, f"Error: {why}: {todo}\n")
     with pytest.raises(ValueError) as err:

@@ -37,7 +37,7 @@ from exitwatch.kinds.base import Found, Gone
 from exitwatch.kinds.hooks import file as hookfile
 from exitwatch.kinds.hooks import spool as hookspool
 from exitwatch.kinds.hooks.file import Hook, ensure_spool
-from exitwatch.kinds.hooks.kind import Hooks
+from exitwatch.kinds.hooks.kind import KIND, Hooks
 from exitwatch.kinds.hooks.spool import MAX_PER_UID
 from exitwatch.owner import Owner
 
@@ -654,11 +654,11 @@ def test_a_refusal_a_user_chose_is_read_once_and_one_that_may_pass_is_read_with_
         reads: collections.Counter[str] = collections.Counter()
         real_read, real_open, emfile, reading = hookspool.read_hook, os.open, [True], [""]
 
-        def counted(dir_fd: int, name: str):
+        def counted(kind: str, dir_fd: int, name: str):
             reads[name] += 1
             reading[0] = name
             try:
-                return real_read(dir_fd, name)
+                return real_read(kind, dir_fd, name)
             finally:
                 reading[0] = ""
 
@@ -670,7 +670,7 @@ def test_a_refusal_a_user_chose_is_read_once_and_one_that_may_pass_is_read_with_
         monkeypatch.setattr(hookspool, "read_hook", counted)
         monkeypatch.setattr(hookspool, "AGAIN_FIRST", 0.2)
         monkeypatch.setattr(os, "open", full_table)
-        listing = hookspool.Spool(str(spool))
+        listing = hookspool.Spool(KIND, str(spool))
         assert listing.list() == {}
         assert reads == {hook_id(1): 1, hook_id(2): 1}
         for _ in range(20):  # a burst of events about a dot-file

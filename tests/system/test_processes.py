@@ -20,8 +20,8 @@ import pytest
 from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds.base import Resource
-from exitwatch.kinds.processes.kind import Processes
-from exitwatch.kinds.processes.table import KIND, PF_KTHREAD
+from exitwatch.kinds.processes.kind import KIND, Processes
+from exitwatch.kinds.processes.table import PF_KTHREAD
 from exitwatch.owner import Owner, owner_of
 
 from support.procs import wait_for

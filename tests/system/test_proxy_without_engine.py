@@ -9,8 +9,8 @@ import subprocess
 import tempfile
 
 from exitwatch.owner import owner_of
-from exitwatch.runner.policy import Always
-from exitwatch.runner.proxy import Proxy, listen
+from exitwatch.proxy.policy import Always
+from exitwatch.proxy.server import Proxy, listen
 
 OWNER = str(owner_of())
 

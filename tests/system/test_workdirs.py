@@ -27,7 +27,7 @@ from exitwatch.kinds import fsops, inotify
 from exitwatch.kinds.base import Change, Found, Gone, Resource, Snapshot
 from exitwatch.kinds.workdirs import tree as workdir_tree
 from exitwatch.kinds.workdirs import watch as workdir_watch
-from exitwatch.kinds.workdirs.kind import Workdirs
+from exitwatch.kinds.workdirs.kind import KIND, Workdirs
 from exitwatch.owner import Owner, current_boot_id, owner_of
 
 from support.procs import reused_pid_owner, wait_for
@@ -377,7 +377,7 @@ def test_a_scan_reads_again_what_changed_since_the_watcher_read_it(
 ) -> None:
     monkeypatch.setattr(workdir_tree, "RACY_NS", 0)
     dirs = [marked(root / "a" / f"w{i}") for i in range(5)]
-    known = workdir_tree.Tree((str(root),), 3)  # what a watcher saw, then missed changes of
+    known = workdir_tree.Tree(KIND, (str(root),), 3)  # what a watcher saw, then missed changes of
     known.walk_roots(None)
     reads.clear()
     other = owner_of(os.getpid())
@@ -385,7 +385,7 @@ def test_a_scan_reads_again_what_changed_since_the_watcher_read_it(
     (dirs[1] / MARKER).write_text(json.dumps({"owner": str(other), "pad": ""}))  # in place
     os.chown(dirs[2], 1, 1)  # the claim changes with the directory's owner
 
-    found = workdir_tree.Tree((str(root),), 3, known).walk_roots(None)
+    found = workdir_tree.Tree(KIND, (str(root),), 3, known).walk_roots(None)
     assert sorted(reads) == sorted(map(str, dirs[:3]))
     assert {p: r.owner for p, r in found.items()} == {
         str(d): other if d in dirs[:2] else DEAD for d in dirs
@@ -396,12 +396,12 @@ def test_a_marker_read_just_after_it_changed_is_read_again(root: Path, reads: li
     # Its stat may not change with a rewrite in place of the same size within one tick of
     # the file clock: until it is older than RACY_NS, no reading of it is reused.
     dirs = [marked(root / f"w{i}") for i in range(3)]
-    tree = workdir_tree.Tree((str(root),), 3)
+    tree = workdir_tree.Tree(KIND, (str(root),), 3)
     tree.walk_roots(None)
     assert len(reads) == 3
     tree.walk_roots(None)
     assert len(reads) == 6
-    again = workdir_tree.Tree((str(root),), 3, tree).walk_roots(None)
+    again = workdir_tree.Tree(KIND, (str(root),), 3, tree).walk_roots(None)
     assert sorted(again) == sorted(map(str, dirs))
     assert len(reads) == 9
 
@@ -1016,7 +1016,7 @@ def test_a_stop_ends_the_watching_walk_within_a_thousand_directories(root: Path)
         (root / f"d{i}").mkdir()
     changes = Changes()
     stop_r, stop_w = os.pipe()
-    tree = workdir_tree.Tree((str(root),), 3)
+    tree = workdir_tree.Tree(KIND, (str(root),), 3)
     watcher = workdir_watch._Watcher(tree, "workdir", changes, stop_r)
     try:
         os.write(stop_w, b"x")

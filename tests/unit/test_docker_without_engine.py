@@ -317,7 +317,7 @@ def test_the_agents_modules_import_no_sdk() -> None:
     (docs/design.md, "Containers")."""
     probe = (
         "import sys\n"
-        "import exitwatch.cli, exitwatch.service.daemon, exitwatch.runner.supervise\n"
+        "import exitwatch.cli, exitwatch.service.daemon, exitwatch.run.supervise\n"
         "print(*sorted({'docker', 'requests', 'urllib3', 'setuptools'} & set(sys.modules)))\n"
     )
     done = subprocess.run(

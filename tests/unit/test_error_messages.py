@@ -18,7 +18,7 @@ from exitwatch import contract, procfs
 from exitwatch.cli import cli
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES
 from exitwatch.owner import PID_MAX
-from exitwatch.runner import cli as runner_cli
+from exitwatch.run import cli as runner_cli
 from exitwatch.service.metrics import Metrics, MetricsError
 from exitwatch.service.status import server
 from exitwatch.sources import SourceError, ebpf, netlink
@@ -161,7 +161,10 @@ def test_reap_without_an_engine_says_to_start_or_name_one(as_root, tmp_path: Pat
     args = ["--docker-host", host, "--workdir-root", str(tmp_path), "--audit-log", ""]
     said = _error(["reap", *args, "--hook-dir", str(tmp_path / "hooks")])
     assert said.startswith(f"no Docker engine answers at {host}: ")
-    assert said.endswith(": start the engine, or name it with --docker-host or docker_host")
+    assert said.endswith(
+        ": start it, point [containers] at another (exitwatch.toml(5)), or turn the kind off "
+        "there (enabled = false)"
+    )
 
 
 def test_adopt_with_a_remote_engine_says_to_point_at_a_socket(as_root, tmp_path) -> None:

@@ -28,6 +28,7 @@ from exitwatch.contract import (
     spool_problem,
 )
 from exitwatch.kinds.hooks.file import HookError, read_hook, spool_fd
+from exitwatch.kinds.hooks.kind import KIND
 from exitwatch.owner import owner_of
 
 OWNER = str(owner_of())
@@ -183,7 +184,7 @@ def write(path: Path, content: dict | bytes, mode: int = 0o600) -> Path:
 
 def refusal(spool: tuple[Path, int], name: str) -> str:
     with pytest.raises(HookError) as err:
-        read_hook(spool[1], name)
+        read_hook(KIND, spool[1], name)
     return str(err.value)
 
 
@@ -191,7 +192,7 @@ def test_a_good_hook_is_read_with_who_owns_it(spool):
     top, fd = spool
     name = "a" * 32
     write(top / name, good())
-    opened = read_hook(fd, name)
+    opened = read_hook(KIND, fd, name)
     try:
         hook, st = opened.hook, os.fstat(opened.fd)
         assert opened.body == json.loads((top / name / HOOK_FILE).read_text())
@@ -206,7 +207,7 @@ def test_a_good_hook_is_read_with_who_owns_it(spool):
 def test_what_the_index_shows_of_a_hook_is_short_and_printable(spool):
     top, fd = spool
     write(top / hook_id(1), good(argv=["sh", "-c", "echo\nforged line\x1b[2J", "x" * 500]))
-    opened = read_hook(fd, hook_id(1))
+    opened = read_hook(KIND, fd, hook_id(1))
     opened.close()
     hook = opened.hook
     assert hook.name.isprintable() and "echo\\nforged line\\x1b[2J" in hook.name
@@ -215,10 +216,10 @@ def test_what_the_index_shows_of_a_hook_is_short_and_printable(spool):
 
 def test_a_missing_hook_or_an_empty_hook_directory_is_gone_not_refused(spool):
     with pytest.raises(FileNotFoundError):
-        read_hook(spool[1], hook_id(1))
+        read_hook(KIND, spool[1], hook_id(1))
     (spool[0] / hook_id(2)).mkdir(mode=0o700)
     with pytest.raises(FileNotFoundError):
-        read_hook(spool[1], hook_id(2))
+        read_hook(KIND, spool[1], hook_id(2))
 
 
 def test_what_is_not_a_hooks_own_directory_is_refused(spool):
@@ -277,7 +278,7 @@ def test_a_hook_file_nested_too_deeply_is_refused_for_that_on_every_python(spool
     write(top / hook_id(4), good(env={"A": "[" * 3000}))  # in a string: no nesting
     for n in (1, 2, 3):
         assert refusal(spool, hook_id(n)) == "it is JSON nested too deeply", n
-    opened = read_hook(fd, hook_id(4))
+    opened = read_hook(KIND, fd, hook_id(4))
     opened.close()
     assert opened.body["env"] == {"A": "[" * 3000}
 

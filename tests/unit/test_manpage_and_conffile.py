@@ -21,6 +21,7 @@ import pytest
 
 from exitwatch.cli import cli
 from exitwatch.contract import ENV_HOOK_DIR, ENV_OWNER, ENV_RUN
+from exitwatch.kinds import registry
 from exitwatch.service import config as config_module
 from exitwatch.service.config import TABLE, Adopt, Config
 from exitwatch.sources.netlink import RCVBUF_ENV
@@ -208,50 +209,60 @@ def _setting(page: str, key: str) -> str:
     return page.split(f"\n.TP\n\\fB{key}\\fR ", 1)[1].split("\n.TP\n", 1)[0].split("\n.SH")[0]
 
 
+def _sections() -> list[tuple[str | None, type]]:
+    """The file's parts: the top level (None), each kind's table, then [adopt]."""
+    kinds = [(reg.table, reg.settings) for reg in registry.KINDS]
+    return [(None, Config), *kinds, (TABLE, Adopt)]
+
+
+def _part(page: str, table: str | None) -> str:
+    """The page's paragraphs of one part of the file: the top level's, or one table's."""
+    if table is None:
+        return page.split('\n.SS "[', 1)[0]
+    return page.split(f'.SS "[{table}]"', 1)[1].split("\n.SS ", 1)[0].split("\n.SH ", 1)[0]
+
+
+def _load_one(tmp_path: Path, table: str | None, key: str, written: str) -> object:
+    """The value a file of that one setting gives it."""
+    path = tmp_path / f"{table}-{key}.toml"
+    path.write_text(f"{key} = {written}\n" if table is None else f"[{table}]\n{key} = {written}\n")
+    config = config_module.load(str(path))
+    if table is None:
+        return getattr(config, key)
+    return getattr(config.adopt if table == TABLE else config.kind(table), key)
+
+
 def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_path) -> None:
     manpage = _manpage_module()
     page = manpage.render("exitwatch.toml.5")
-    docs = _manpage_module("mansource").field_docs()
-    for field in fields(Config):
-        assert field.name in docs, f"Config.{field.name} has no docstring after it"
-        if field.name == TABLE:
-            continue  # its keys are in a section of their own, below
-        about = _setting(page, field.name)
-        said = " ".join(docs[field.name].replace("`", "").split())
-        assert said in " ".join(_plain(about).split()), field.name
-        assert "\nTakes " in about, field.name
-        if field.default is None:
-            assert about.startswith("(unset)"), field.name
-            continue
-        # The default as the page writes it is what the file means by it.
-        written = _plain(about.split("\n", 1)[0]).removeprefix("= ")
-        path = tmp_path / f"{field.name}.toml"
-        path.write_text(f"{field.name} = {written}\n")
-        assert getattr(config_module.load(str(path)), field.name) == field.default, written
-    table = page.split(f'.SS "[{TABLE}]"', 1)[1]
-    docs = _manpage_module("mansource").field_docs(Adopt)
-    for field in fields(Adopt):
-        about = _setting(table, field.name)
-        said = " ".join(docs[field.name].replace("`", "").split())
-        assert said in " ".join(_plain(about).split()), field.name
-        assert "\nTakes " in about and "(exitwatch adopt)" in about, field.name
-        if field.default is not None:
+    for table, of in _sections():
+        part, docs = _part(page, table), _manpage_module("mansource").field_docs(of)
+        for field in fields(of):
+            assert field.name in docs, f"{of.__name__}.{field.name} has no docstring after it"
+            if table is None and field.name in (TABLE, "kinds"):
+                continue  # their keys are in sections of their own, below
+            about = _setting(part, field.name)
+            said = " ".join(docs[field.name].replace("`", "").split())
+            assert said in " ".join(_plain(about).split()), (table, field.name)
+            assert "\nTakes " in about, (table, field.name)
+            assert ("(exitwatch adopt)" in about) == (table == TABLE), (table, field.name)
+            if field.default is None:
+                assert about.startswith("(unset)"), (table, field.name)
+                continue
+            # The default as the page writes it is what the file means by it.
             written = _plain(about.split("\n", 1)[0]).removeprefix("= ")
-            path = tmp_path / f"{TABLE}-{field.name}.toml"
-            path.write_text(f"[{TABLE}]\n{field.name} = {written}\n")
-            assert getattr(config_module.load(str(path)).adopt, field.name) == field.default
-    assert "(exitwatch adopt)" not in _setting(page, "docker_host")
-    assert "Takes a number in 0.01..3600." in _setting(page, "poll_interval")
-    assert "\\-\\-workdir\\-root (exitwatch agent, exitwatch reap)" in _setting(
-        page, "workdir_roots"
-    )
+            assert _load_one(tmp_path, table, field.name, written) == field.default, written
+    assert "Takes a number in 0.01..3600." in _setting(_part(page, None), "poll_interval")
+    roots = _setting(_part(page, "workdirs"), "roots")
+    assert "\\-\\-workdir\\-root (exitwatch agent, exitwatch reap)" in roots
+    assert "workdir_roots (roots)" in _plain(_part(page, "workdirs"))
     example = tmp_path / "example.toml"
     example.write_text(_manpage_module("mantoml").CONFIG_EXAMPLE)
     config_module.load(str(example))
 
 
 def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
-    from exitwatch.runner.supervise import SETUP_FAILED
+    from exitwatch.run.supervise import SETUP_FAILED
 
     page = _manpage_module().render("exitwatch-run.1")
     run_cmd = cli.commands["run"]
@@ -266,24 +277,26 @@ def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
         assert f"\n.SH {section}\n" in page, section
 
 
-def _documented() -> tuple[dict[str, object], dict[str, object]]:
-    """The conffile's example settings, every `#key = value` line uncommented: those before
-    its `#[adopt]` line, and those of that table."""
-    text = (PACKAGING / "config.toml").read_text()
-    top, table = text.split(f"\n#[{TABLE}]\n", 1)
-    pick = [re.findall(r"^#(\w+ = .*)$", part, flags=re.M) for part in (top, table)]
-    return tomllib.loads("\n".join(pick[0])), tomllib.loads("\n".join(pick[1]))
+def _documented() -> dict[str | None, dict[str, object]]:
+    """The conffile's example settings, every `#key = value` line uncommented, by the part
+    of the file they are in: the top level (None), or the table of the `#[name]` line
+    above them."""
+    parts = re.split(r"^#\[(\w+)\]$", (PACKAGING / "config.toml").read_text(), flags=re.M)
+    tables = [None, *parts[1::2]]
+    return {
+        table: tomllib.loads("\n".join(re.findall(r"^#(\w+ = .*)$", text, flags=re.M)))
+        for table, text in zip(tables, parts[::2], strict=True)
+    }
 
 
 def test_conffile_documents_every_setting_with_its_default(tmp_path: Path) -> None:
-    documented, in_table = _documented()
-    known = {f.name: f.default for f in fields(Config) if f.name != TABLE}
-    for names, given in (
-        (known, documented),
-        ({f.name: f.default for f in fields(Adopt)}, in_table),
-    ):
-        assert set(names) <= set(given), f"undocumented: {set(names) - set(given)}"
-        assert set(given) <= set(names), f"unknown: {set(given) - set(names)}"
+    documented = _documented()
+    assert list(documented) == [table for table, _ in _sections()]
+    for table, of in _sections():
+        given = documented[table]
+        names = {f.name: f.default for f in fields(of) if f.name not in (TABLE, "kinds")}
+        assert set(names) <= set(given), f"undocumented in {table}: {set(names) - set(given)}"
+        assert set(given) <= set(names), f"unknown in {table}: {set(given) - set(names)}"
         for key, default in names.items():
             if default is not None and default != ():  # unset or empty: an example value
                 value = given[key]

@@ -11,8 +11,7 @@ import threading
 from exitwatch.agent.loop import Agent
 from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds.base import Resource, Snapshot
-from exitwatch.kinds.processes.kind import Processes
-from exitwatch.kinds.processes.table import KIND
+from exitwatch.kinds.processes.kind import KIND, Processes
 from exitwatch.owner import owner_of
 from exitwatch.service.config import Config
 from exitwatch.service.daemon import make_kinds
@@ -45,7 +44,7 @@ def test_a_failing_rescan_is_tried_again_and_shown_in_health(monkeypatch):
 
 def test_kill_leftovers_false_has_no_process_kind():
     assert isinstance(make_kinds(Config())[KIND], Processes)
-    assert KIND not in make_kinds(Config(kill_leftovers=False))
+    assert KIND not in make_kinds(Config().updated({"kill_leftovers": False}))
 
 
 def _carrier() -> subprocess.Popen:

@@ -1,4 +1,4 @@
-"""The owner label on a creation's body (runner/creation.py): added where the engine will read
+"""The owner label on a creation's body (proxy/creation.py): added where the engine will read
 it, the body refused wherever the proxy cannot be sure the engine reads it as Python's json
 does, and the named volumes a container create would make the engine create unlabelled.
 engine/test_proxy_attacks.py sends such bodies to the real engine."""
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from exitwatch.contract import LABEL_KEEP, LABEL_OWNER
-from exitwatch.runner.creation import MAX_VALUES, Refused, Volume, label
-from exitwatch.runner.routes import Route
+from exitwatch.proxy.creation import MAX_VALUES, Refused, Volume, label
+from exitwatch.proxy.routes import Route
 
 OWNER = "b:1:2"
 CONTAINER, NETWORK, VOLUME = Route.CONTAINER_CREATE, Route.NETWORK_CREATE, Route.VOLUME_CREATE

@@ -1,4 +1,4 @@
-"""The engine-to-client half of a proxied connection (runner/responses.py) on real socket
+"""The engine-to-client half of a proxied connection (proxy/responses.py) on real socket
 pairs: every byte passes on unchanged, and the framing read tells where each response ends,
 whether the engine hijacked the connection, and when every answer so far has gone out."""
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from exitwatch.runner.responses import ENDED, HTTP, RAW, Responses
+from exitwatch.proxy.responses import ENDED, HTTP, RAW, Responses
 
 DEADLINE = 10.0
 
@@ -66,7 +66,7 @@ def pair() -> Iterator[Pair]:
         sender.join(DEADLINE)
     # The test's ends first: the thread sees the engine's end, or a client that is gone,
     # and ends. Its own sockets only then, as the proxy closes them only once it has ended
-    # (proxy.py): closed under it, the next poll it registers would be given fd -1.
+    # (proxy/server.py): closed under it, the next poll it registers would be given fd -1.
     for s in (engine, client):
         s.close()
     thread.join(DEADLINE)

@@ -1,6 +1,6 @@
 """The labelling socket in its pure rules: which engine it fronts, a socket path too long, the
 policy of `exitwatch run`, the budget of creation bodies, and which handler the engine runs
-for a request target (runner/routes.py, read as Go's net/http and gorilla/mux read it).
+for a request target (proxy/routes.py, read as Go's net/http and gorilla/mux read it).
 creation.py's rules are in test_proxy_creation.py; engine/test_proxy_attacks.py tries them
 on the real engine."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from exitwatch.runner.policy import Always
-from exitwatch.runner.proxy import ProxyError, engine_path, listen
-from exitwatch.runner.reader import Budget
-from exitwatch.runner.routes import Refused, Route, build_target, clean_path, request_path, route
+from exitwatch.proxy.policy import Always
+from exitwatch.proxy.reader import Budget
+from exitwatch.proxy.routes import Refused, Route, build_target, clean_path, request_path, route
+from exitwatch.proxy.server import ProxyError, engine_path, listen
 
 
 def test_engine_path() -> None:

@@ -1,7 +1,8 @@
-"""The run's directories (runner/dirs.py) as any user can try them: the rule on modes and
-symlinks, the choice of bases, and that the socket, the marker and the removal go through
-the descriptors held, whatever is renamed meanwhile. system/test_run_dirs.py has the rule
-against another user's directories; engine/test_run_dirs_hijack.py the attack on a run."""
+"""The run's directories (run/dirs.py, the rule proxy/safedir.py's) as any user can try
+them: the rule on modes and symlinks, the choice of bases, and that the socket, the marker
+and the removal go through the descriptors held, whatever is renamed meanwhile.
+system/test_run_dirs.py has the rule against another user's directories;
+engine/test_run_dirs_hijack.py the attack on a run."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pytest
 
 from exitwatch.contract import MARKER, mark_workdir
 from exitwatch.owner import owner_of
-from exitwatch.runner import dirs
-from exitwatch.runner.proxy import listen
+from exitwatch.proxy import safedir
+from exitwatch.proxy.server import listen
+from exitwatch.run import dirs
 
 OWNER = owner_of()
 
@@ -25,13 +27,13 @@ OWNER = owner_of()
 def base(bases: Path):
     # Short: tmp_path, with the run's "exitwatch-run-XXXXXXXX/docker.sock" below, comes
     # within a few bytes of sun_path's 108.
-    b = dirs.open_base(str(bases))
+    b = safedir.open_base(str(bases))
     yield b
     b.close()
 
 
 def _opened(path: Path) -> str:
-    b = dirs.open_base(str(path))
+    b = safedir.open_base(str(path))
     b.close()
     return b.path
 
@@ -45,8 +47,8 @@ def test_a_directory_others_may_write_to_without_the_sticky_bit_is_unsafe(tmp_pa
     (shared / "mine").mkdir(parents=True)
     shared.chmod(mode)
     for path in (shared, shared / "mine"):  # itself, or any directory above
-        with pytest.raises(dirs.Unsafe) as why:
-            dirs.open_base(str(path))
+        with pytest.raises(safedir.Unsafe) as why:
+            safedir.open_base(str(path))
         assert str(why.value) == (
             f"{shared} is writable by its group or others and not sticky (mode {mode:04o})"
         )
@@ -71,10 +73,10 @@ def test_a_symlink_loop_or_a_file_is_an_oserror(tmp_path):
     (tmp_path / "loop").symlink_to("loop")
     (tmp_path / "file").write_text("")
     with pytest.raises(OSError) as err:
-        dirs.open_base(str(tmp_path / "loop"))
+        safedir.open_base(str(tmp_path / "loop"))
     assert err.value.errno == errno.ELOOP
     with pytest.raises(NotADirectoryError):
-        dirs.open_base(str(tmp_path / "file"))
+        safedir.open_base(str(tmp_path / "file"))
 
 
 # -- the choice of bases --------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from exitwatch.contract import LABEL_OWNER
+from exitwatch.kinds.base import Unavailable
 from exitwatch.kinds.docker.unixhttp import EngineRefused, NotFound, Stream, request
 
 # Read size for the container listing: some twenty containers' worth at a time, so its
@@ -34,7 +35,7 @@ RETRY_PAUSE = 0.2
 _API_VERSION = re.compile(r"[0-9]+\.[0-9]+")
 
 
-class EngineError(Exception):
+class EngineError(Unavailable):
     """The Docker engine did not answer, or refused. The message is one line naming it."""
 
 

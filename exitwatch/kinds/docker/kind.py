@@ -123,6 +123,11 @@ class Containers(ResourceKind):
             "last_error": self.last_error,
         }
 
+    def scan_health(self, error: EngineError | None) -> dict:
+        if error is None:
+            return {"endpoint": self.host, "connected": True}
+        return {"endpoint": self.host, "connected": False, "last_error": str(error)}
+
     def ping(self) -> str | None:
         """None when the engine answers; otherwise one line naming it and saying why not."""
         try:

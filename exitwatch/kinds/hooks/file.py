@@ -30,7 +30,6 @@ from exitwatch.kinds.base import Resource
 from exitwatch.kinds.fsops import printable
 from exitwatch.owner import Owner, OwnerError
 
-KIND = "hook"
 SPOOL_MODE = 0o1733
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _PIN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -95,10 +94,10 @@ def entry_problem(name: str, st: os.stat_result) -> str | None:
     return None
 
 
-def read_hook(spool_fd: int, name: str) -> Opened:
-    """The hook in directory `name` of the spool, opened. Raises FileNotFoundError when
-    it is gone (or its directory holds no hook file: being removed, or cancelled), and
-    HookError when it is refused."""
+def read_hook(kind: str, spool_fd: int, name: str) -> Opened:
+    """The hook in directory `name` of the spool, opened, a resource of `kind` (the hook
+    kind's KIND). Raises FileNotFoundError when it is gone (or its directory holds no hook
+    file: being removed, or cancelled), and HookError when it is refused."""
     try:
         pin = os.open(name, _PIN, dir_fd=spool_fd)
     except FileNotFoundError:
@@ -141,7 +140,7 @@ def read_hook(spool_fd: int, name: str) -> Opened:
         os.close(dir_fd)
         raise
     shown = printable(f"{name}: {shlex.join(body['argv'])}"[:200])
-    hook = Hook(KIND, name, owner, shown, None, st.st_uid, file_st.st_ino, st.st_dev, st.st_ino)
+    hook = Hook(kind, name, owner, shown, None, st.st_uid, file_st.st_ino, st.st_dev, st.st_ino)
     return Opened(hook, body, dir_fd, fd)
 
 

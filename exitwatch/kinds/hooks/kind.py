@@ -24,7 +24,6 @@ from exitwatch.kinds.base import Found, Gone, Notify, Outcome, Resource, Resourc
 from exitwatch.kinds.fsops import printable
 from exitwatch.kinds.hooks import spawn
 from exitwatch.kinds.hooks.file import (
-    KIND,
     Hook,
     HookError,
     Opened,
@@ -38,6 +37,8 @@ from exitwatch.kinds.hooks.spool import Spool
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
+
+KIND = "hook"
 
 POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 # Hooks run on workers of their own, never the agent's removal pool: a hook may run for
@@ -69,7 +70,7 @@ class Hooks(ResourceKind):
         self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hook-run")
         # Shared by discovery and the scans: one user's entries are remembered (and warned
         # about) once, however often the spool is listed.
-        self._spool = Spool(path)
+        self._spool = Spool(KIND, path)
         self._discovery = discovery.Discovery("hook discovery", "exitwatch-hooks")
 
     def lane(self, res: Resource) -> Hashable:
@@ -209,7 +210,7 @@ class Hooks(ResourceKind):
     ) -> Outcome:
         what = self.what(res)
         try:
-            opened = read_hook(dir_fd, res.key)
+            opened = read_hook(KIND, dir_fd, res.key)
         except FileNotFoundError:
             return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
         except HookError as err:

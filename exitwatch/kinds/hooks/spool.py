@@ -101,7 +101,8 @@ class Spool:
     """The hooks in the spool, each entry read again only when it changed. Thread-safe:
     the kind's discovery thread and its scans share one."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, kind: str, path: str) -> None:
+        self.kind = kind  # of the hooks it finds: the hook kind's KIND
         self.path = path
         self.warnings = Warnings()
         self._lock = threading.Lock()
@@ -204,7 +205,7 @@ class Spool:
             )
             return
         try:
-            opened = read_hook(dir_fd, name)
+            opened = read_hook(self.kind, dir_fd, name)
         except FileNotFoundError:  # an empty hook directory: being removed, or cancelled
             self._remember(name, _Entry(uid, sig, None, stray=False))
             return

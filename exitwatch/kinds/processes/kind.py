@@ -29,10 +29,12 @@ from exitwatch.kinds.base import (
     ResourceKind,
     Snapshot,
 )
-from exitwatch.kinds.processes.table import FULL_EVERY, KIND, PF_KTHREAD, Table, exited
+from exitwatch.kinds.processes.table import FULL_EVERY, PF_KTHREAD, Table, exited
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
+
+KIND = "process"
 
 RESCAN_INTERVAL = 1.0  # seconds between two listings of /proc by the watching thread
 EXIT_WAIT = 1.0  # how long a removal waits for a killed process to be gone
@@ -48,7 +50,7 @@ class Processes(ResourceKind):
 
     def __init__(self, interval: float = RESCAN_INTERVAL) -> None:
         self.interval = interval
-        self._seen = Table()
+        self._seen = Table(KIND)
         self._discovery = discovery.Discovery("process discovery", "exitwatch-processes")
         self._lock = threading.Lock()  # the counters below, read by status
         self._rescans = self._failures = self._failing = 0
@@ -125,6 +127,10 @@ class Processes(ResourceKind):
                 "failures": self._failures,
                 "failing": self._failing,  # failures in a row now; 0: it works
                 "last_error": self._last_error,
+                # Processes whose owner could not be read at the last rescan (no
+                # CAP_SYS_PTRACE): what this kind cannot see. 0: it sees everything.
+                "unreadable": self._seen.denied(),
+                "last_unreadable": self._seen.last_denied,
             }
 
     def stop(self) -> None:

@@ -25,7 +25,6 @@ from exitwatch.owner import Owner, OwnerError, current_boot_id, death
 
 log = logging.getLogger(__name__)
 
-KIND = "process"
 # Every FULL_EVERY-th rescan reads every process's identity again; the others read only new
 # pids. A new process nearly always has a new pid, and one idle listing of /proc costs far
 # less than a read per process (14 ms of CPU a second on a host of 1,000 processes). What a
@@ -34,6 +33,10 @@ KIND = "process"
 FULL_EVERY = 10
 UID_GRACE = 60.0  # seconds a dead run's uid is kept once nothing carries its owner
 PF_KTHREAD = 0x00200000
+# A process whose environment or pid namespace the agent may not read (another's, without
+# CAP_SYS_PTRACE): whether it carries an owner cannot be told. Kept in the table as such,
+# read again at the next full rescan, and counted: the kind is blind to it.
+DENIED = "denied"
 
 
 class Table:
@@ -43,10 +46,13 @@ class Table:
     never changed in place, under one lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # of the resources it finds: the process kind's KIND
         self.lock = threading.Lock()
-        # pid -> (procfs.identity, the Resource or None when not a run's)
-        self.procs: dict[int, tuple[tuple, Resource | None]] = {}
+        # pid -> (procfs.identity, the Resource, None when not a run's, or DENIED)
+        self.procs: dict[int, tuple[tuple, Resource | str | None]] = {}
+        # The last denied read, for people: "process PID (comm): /proc/PID/environ: ..."
+        self.last_denied: str | None = None
         # A run's uid, learnt while its wrapper lived; None: it could not be (not retried)
         self.uids: dict[Owner, int | None] = {}
         self.carried: dict[Owner, float] = {}  # when a process last carried the owner
@@ -56,7 +62,7 @@ class Table:
     def rescan(self, full: bool = True) -> dict[str, Resource]:
         """Every process carrying a well-formed owner now, by key. Unless `full`, a pid
         already known is taken to be the same exec of the same process without a read."""
-        fresh: dict[int, tuple[tuple, Resource | None]] = {}
+        fresh: dict[int, tuple[tuple, Resource | str | None]] = {}
         found: dict[str, Resource] = {}
         with self.lock:
             old = self.procs
@@ -65,12 +71,13 @@ class Table:
             try:
                 if entry is None or full:
                     sig = procfs.identity(pid)  # the one read most processes cost
-                    if entry is None or entry[0] != sig:
+                    # One it could not read is tried again at every full rescan.
+                    if entry is None or entry[0] != sig or entry[1] is DENIED:
                         entry = (sig, self._read(procfs.read_stat(pid)))
             except OSError:  # ProcessLookupError included
                 continue  # it just left
             fresh[pid] = entry
-            if entry[1] is not None:
+            if isinstance(entry[1], Resource):
                 found[entry[1].key] = entry[1]
         with self.lock:  # scan() may rescan on another thread meanwhile
             unknown = {res.owner for res in found.values()} - self.uids.keys()
@@ -89,15 +96,20 @@ class Table:
                     self.uids.pop(owner, None)
         return found
 
-    def _read(self, stat: procfs.Stat) -> Resource | None:
-        """The Resource of a process that carries an owner, or None."""
-        if stat.flags & PF_KTHREAD or stat.state in ("Z", "X") or stat.pid == self.self_pid:
+    def _read(self, stat: procfs.Stat) -> Resource | str | None:
+        """The Resource of a process that carries an owner, None, or DENIED when whether it
+        does cannot be read."""
+        # Never killed (Processes._check refuses them), so never read: pid 1 among them,
+        # which may hold capabilities the agent lacks and then cannot be read at all.
+        if stat.flags & PF_KTHREAD or stat.state in ("Z", "X") or stat.pid in (1, self.self_pid):
             return None
         # A container's is the container kind's; a stat costs less than the environment.
-        if procfs.namespace(stat.pid, "pid") != self.pid_ns:
-            return None
         try:
+            if procfs.namespace(stat.pid, "pid") != self.pid_ns:
+                return None
             environ = psutil.Process(stat.pid).environ()
+        except (PermissionError, psutil.AccessDenied) as err:
+            return self._denied(stat, err)
         except psutil.Error:
             return None  # gone, or a zombie by now
         value = environ.get(ENV_OWNER)
@@ -109,7 +121,25 @@ class Table:
             log.debug("process %d: %s=%r: %s; ignored", stat.pid, ENV_OWNER, value, err)
             return None
         key = f"{stat.pid}:{stat.starttime}"
-        return Resource(KIND, key, owner, name=f"process {stat.pid} ({stat.comm})")
+        return Resource(self.kind, key, owner, name=f"process {stat.pid} ({stat.comm})")
+
+    def _denied(self, stat: procfs.Stat, err: Exception) -> str:
+        what = f"process {stat.pid} ({stat.comm}): {err}"
+        with self.lock:
+            first, self.last_denied = self.last_denied is None, what
+        if first:  # once per table: the next ones are counted, in health() and the metric
+            log.warning(
+                "leftover processes: cannot read whether %s carries a run's owner; this kind "
+                "is blind to such processes: give the agent CAP_SYS_PTRACE (the packaged "
+                "unit's CapabilityBoundingSet= has it)",
+                what,
+            )
+        return DENIED
+
+    def denied(self) -> int:
+        """How many processes the last rescan could not read."""
+        with self.lock:
+            return sum(1 for _, res in self.procs.values() if res is DENIED)
 
     def _learn(self, owner: Owner) -> None:
         """Record the uid of a live run's wrapper, or None when it cannot be had (dead,

@@ -23,11 +23,13 @@ from exitwatch.kinds.base import Notify, Outcome, Resource, ResourceKind, Snapsh
 from exitwatch.kinds.discovery import Discovery
 from exitwatch.kinds.fsops import printable
 from exitwatch.kinds.workdirs import marker, walk
-from exitwatch.kinds.workdirs.tree import KIND, Tree, split
+from exitwatch.kinds.workdirs.tree import Tree, split
 from exitwatch.kinds.workdirs.watch import follow
 from exitwatch.owner import Owner, death
 
 log = logging.getLogger(__name__)
+
+KIND = "workdir"
 
 # Children of a dead owner may still be writing into its workdir: empty it this many times
 # within one of the agent's attempts (reap_attempts in all) before that attempt fails.
@@ -64,7 +66,7 @@ class Workdirs(ResourceKind):
         thread, a marker it has read is not read again while its stat stays. One its owner
         keeps from root (EACCES under a FUSE mount) is skipped with a warning, as it always
         is: it would fail every listing."""
-        tree = Tree(self.roots, self.depth, self._followed)
+        tree = Tree(KIND, self.roots, self.depth, self._followed)
         found = tree.walk_roots(None)
         if tree.transient:
             first = printable(os.path.join(min(tree.transient), MARKER))
@@ -72,7 +74,7 @@ class Workdirs(ResourceKind):
         return Snapshot(KIND, tuple(found[p] for p in sorted(found)), tree.warned())
 
     def start(self, notify: Notify) -> None:
-        tree = self._followed = Tree(self.roots, self.depth)
+        tree = self._followed = Tree(KIND, self.roots, self.depth)
         mode = functools.partial(setattr, self, "discovery")
         self._discovery.start(lambda stop_fd: follow(tree, KIND, notify, stop_fd, mode))
 

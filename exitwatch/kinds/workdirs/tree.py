@@ -25,7 +25,6 @@ from exitwatch.kinds.workdirs.watch import Watch
 
 log = logging.getLogger(__name__)
 
-KIND = "workdir"
 # A marker changed less than this before it was read may change again with the same stat:
 # file times tick coarsely (a jiffy; 2 s on FAT), so a rewrite in place of the same size
 # within one tick keeps them. Such a reading is not trusted for longer than one walk.
@@ -67,7 +66,10 @@ class Tree:
     changed since is not read again, and a reconcile reads only what changed.
     """
 
-    def __init__(self, roots: tuple[str, ...], depth: int, known: Tree | None = None) -> None:
+    def __init__(
+        self, kind: str, roots: tuple[str, ...], depth: int, known: Tree | None = None
+    ) -> None:
+        self.kind = kind  # of the resources it finds: the workdir kind's KIND
         self.roots, self.depth, self.known = roots, depth, known
         self.markers: dict[str, _Seen] = {}
         self.previous: dict[str, _Seen] = {}
@@ -240,7 +242,7 @@ class Tree:
                 _where(path),
                 why,
             )
-        res = Resource(KIND, path, owner, name=path)
+        res = Resource(self.kind, path, owner, name=path)
         seen = _Seen(sig, res, why is None, self._looked(path, racy), why)
         self.markers[path] = seen
         return seen

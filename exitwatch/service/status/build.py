@@ -12,17 +12,13 @@ from exitwatch.agent.loop import Agent
 from exitwatch.agent.reconcile import Last, Periodic
 from exitwatch.agent.record import Recorder
 from exitwatch.agent.removals import Pending
-from exitwatch.kinds.base import Resource, ResourceKind
-from exitwatch.kinds.docker.engine import EngineError
-from exitwatch.kinds.docker.kind import KIND as CONTAINER
-from exitwatch.kinds.hooks.file import KIND as HOOK
-from exitwatch.kinds.processes.table import KIND as PROCESS
-from exitwatch.kinds.workdirs.tree import KIND as WORKDIR
+from exitwatch.kinds import registry
+from exitwatch.kinds.base import Resource, ResourceKind, Unavailable
 from exitwatch.owner import Owner, death
 
 SCHEMA = 1
 BUSY = "the agent's loop did not answer in time"
-ORDER = (CONTAINER, WORKDIR, HOOK, PROCESS)  # how an owner's resources are listed
+ORDER = tuple(reg.kind for reg in registry.KINDS)  # how an owner's resources are listed
 
 
 def of_agent(
@@ -43,9 +39,11 @@ def of_agent(
         body = agent.ask(held)
     except TimeoutError:
         body = {"owners": [], "pending": [], "busy": BUSY}
-    health = {"docker": kinds[CONTAINER].health(), "workdirs": kinds[WORKDIR].health()}
-    if PROCESS in kinds:  # the leftover-process rescans, when that kind is on
-        health["processes"] = kinds[PROCESS].health()
+    health = {  # of each kind that is on and shows one
+        reg.health_key: kinds[reg.kind].health()
+        for reg in registry.KINDS
+        if reg.health_key and reg.kind in kinds
+    }
     return {
         "schema": SCHEMA,
         "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
@@ -58,22 +56,29 @@ def of_agent(
 
 def of_scan(kinds: Mapping[str, ResourceKind]) -> dict:
     """What a one-shot scan finds, read-only: live owners, and orphans waiting. A kind that
-    cannot be listed is one line in `not_listed` (the engine's is the docker entry); the
-    markers the walk warned of are counted, not shown."""
-    docker = {"endpoint": kinds[CONTAINER].health()["endpoint"], "connected": True}
+    cannot be listed is one line in `not_listed`, or, when what it lists from does not
+    answer (the engine), its health entry says so; the markers the walk warned of are
+    counted, not shown."""
+    health: dict[str, dict] = {}
     held: dict[Owner, list[Resource]] = {}
     skipped, unlisted = 0, []
-    for kind in kinds.values():
+    for reg in registry.KINDS:
+        kind = kinds.get(reg.kind)
+        if kind is None:
+            continue
+        error: Unavailable | None = None
         try:
             snapshot = kind.scan()
-        except EngineError as err:
-            docker |= {"connected": False, "last_error": str(err)}
-            continue
+        except Unavailable as err:
+            error = err
         except (OSError, ValueError) as err:  # a spool a user may not list, say
             unlisted.append(f"{kind.kind}s: {err}")
             continue
-        if kind.kind == WORKDIR:
-            skipped = snapshot.skipped
+        if reg.health_key and (shown := kind.scan_health(error)):
+            health[reg.health_key] = shown
+        if error is not None:
+            continue
+        skipped += snapshot.skipped
         for res in snapshot.resources:
             held.setdefault(res.owner, []).append(res)
     owners, pending = [], []
@@ -86,7 +91,7 @@ def of_scan(kinds: Mapping[str, ResourceKind]) -> dict:
     return {
         "schema": SCHEMA,
         "agent": None,
-        "docker": docker,
+        **health,
         "owners": owners,
         "pending": pending,
         "skipped_markers": skipped,
@@ -95,20 +100,17 @@ def of_scan(kinds: Mapping[str, ResourceKind]) -> dict:
 
 
 def _owner(owner: Owner, held: Iterable[Resource]) -> dict:
-    """A live owner and what it holds."""
+    """A live owner and what it holds, each kind's under its table's name."""
     of: dict[str, list[Resource]] = {kind: [] for kind in ORDER}
     for res in held:
         of.setdefault(res.kind, []).append(res)
-    named = sorted({r.owner_name for r in of[CONTAINER] if r.owner_name})
+    named = sorted({r.owner_name for rs in of.values() for r in rs if r.owner_name})
     return {
         "owner": str(owner),
         "pid": owner.pid,
-        # What the owner is, as its containers say (exitwatch adopt's "container NAME").
+        # What the owner is, as its resources say (exitwatch adopt's "container NAME").
         "name": "; ".join(named) or None,
-        "containers": [{"id": r.key, "name": r.name, "project": r.group} for r in of[CONTAINER]],
-        "workdirs": sorted(r.key for r in of[WORKDIR]),
-        "hooks": sorted(r.name or r.key for r in of[HOOK]),
-        "processes": sorted(r.name for r in of[PROCESS]),
+        **{reg.table: reg.held(of[reg.kind]) for reg in registry.KINDS},
     }
 
 

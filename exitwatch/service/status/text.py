@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from exitwatch.kinds import registry
+
 
 def render(status: dict) -> str:
     """The readable view of a status document (of a running agent, or of a one-shot scan)."""
@@ -24,22 +26,10 @@ def render(status: dict) -> str:
             noun = "marker" if skipped == 1 else "markers"
             out.append(f"  {skipped} {noun} skipped; `exitwatch reap --dry-run` lists them")
         out += [f"  not listed: {why}" for why in status.get("not_listed", ())]
-    docker = status.get("docker") or {}
-    if docker:
-        health = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"
-        extra = f", {docker['reconnects']} reconnects" if docker.get("reconnects") else ""
-        out.append(f"  docker:   {docker.get('endpoint')}: {health}{extra}")
-    discovery = (status.get("workdirs") or {}).get("discovery")
-    if discovery:
-        out.append(f"  workdirs: {discovery}")
-    rescans = status.get("processes")
-    if rescans and rescans.get("failing"):
-        out.append(
-            f"  leftover processes: rescan FAILING ({rescans['failing']} times in a row: "
-            f"{rescans.get('last_error')})"
-        )
-    elif rescans:
-        out.append(f"  leftover processes: rescanned every {rescans['interval_s']:g} s")
+    for reg in registry.KINDS:  # each kind's health, as it words it
+        health = status.get(reg.health_key) if reg.health_key else None
+        if health:
+            out += reg.health_lines(health)
     counters = status.get("counters")
     if counters:
         out.append(
@@ -103,12 +93,8 @@ def _reconcile(rec: dict) -> str:
 def _owner_lines(owner: dict) -> list[str]:
     name = f", {owner['name']}" if owner.get("name") else ""
     lines = [f"  {owner['owner']} (pid {owner['pid']}{name})"]
-    for c in owner.get("containers", []):
-        project = f", project {c['project']}" if c.get("project") else ""
-        lines.append(f"    container {c['id'][:12]} ({c['name']}{project})")
-    lines.extend(f"    workdir {w}" for w in owner.get("workdirs", []))
-    lines.extend(f"    hook {h}" for h in owner.get("hooks", []))
-    lines.extend(f"    {p}" for p in owner.get("processes", []))
+    for reg in registry.KINDS:
+        lines += reg.held_lines(owner.get(reg.table, []))
     return lines
 
 

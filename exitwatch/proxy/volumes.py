@@ -12,8 +12,8 @@ import json
 
 import h11
 
-from exitwatch.runner import engineapi
-from exitwatch.runner.creation import Volume
+from exitwatch.proxy import engineapi
+from exitwatch.proxy.creation import Volume
 
 TIMEOUT = 60.0  # seconds for the engine to answer a volume create
 

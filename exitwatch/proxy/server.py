@@ -23,10 +23,10 @@ from collections.abc import Mapping
 import h11
 
 from exitwatch.kinds.docker.host import DEFAULT_HOST, socket_path
-from exitwatch.runner import relay
-from exitwatch.runner.policy import Owned, Policy, Refuse
-from exitwatch.runner.reader import Budget, Reader
-from exitwatch.runner.responses import Responses
+from exitwatch.proxy import relay
+from exitwatch.proxy.policy import Owned, Policy, Refuse
+from exitwatch.proxy.reader import Budget, Reader
+from exitwatch.proxy.responses import Responses
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from exitwatch.runner import relay
+from exitwatch.proxy import relay
 
 # Bytes per read of the engine's responses. Larger reads made a new connection's _ping
 # 0.3 ms slower (the buffer past glibc's mmap threshold), and `docker cp` no faster.

@@ -1,7 +1,7 @@
 """`exitwatch run`: run a command as one owner, and remove what it leaves when it ends.
 
 The wrapper is the owner. CMD is its child, killed with it (parent-death signal); its Docker
-client is pointed at the run's socket (proxy.py), which labels what it creates, and its
+client is pointed at the run's socket (proxy/server.py), which labels what it creates, and its
 TMPDIR at a marked directory (dirs.py says where both go, and why there). When CMD ends,
 whatever the cause, the wrapper ends CMD's leftover descendants (it is their subreaper),
 removes the run's containers, networks, volumes and directories with the agent's own
@@ -25,9 +25,9 @@ from exitwatch import procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner, OwnerError, owner_of
-from exitwatch.runner import dirs
-from exitwatch.runner.policy import Always
-from exitwatch.runner.proxy import Proxy, ProxyError, engine_path, listen
+from exitwatch.proxy.policy import Always
+from exitwatch.proxy.server import Proxy, ProxyError, engine_path, listen
+from exitwatch.run import dirs
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

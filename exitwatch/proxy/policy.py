@@ -1,6 +1,6 @@
 """Whose a proxied connection's creations are: the one thing that tells one use of the
 labelling socket from another. `exitwatch run` labels every connection with the run's
-owner (Always); `exitwatch adopt` (adopt.py) finds each client's owner from its
+owner (Always); `exitwatch adopt` (adopt/peers.py) finds each client's owner from its
 credentials, passes an owner-less client through untouched, and refuses the creations of a
 client whose owner it could not find.
 """

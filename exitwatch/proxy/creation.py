@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from exitwatch.contract import LABEL_OWNER, kept
-from exitwatch.runner.routes import Route
+from exitwatch.proxy.routes import Route
 
 _WHITESPACE = " \t\n\r"  # JSON's, the same for Go and Python
 # Python objects cost up to ~80 bytes for each value of a body ({} in a list), 20 times the

@@ -145,12 +145,12 @@ def _why(err: Exception) -> str:
     if isinstance(err, FileNotFoundError) and spool == hook_dir():
         return (
             f"no exitwatch agent on this host? (its hook spool {spool} is missing): install "
-            f"and start exitwatch, or set {ENV_HOOK_DIR} to the agent's hook_dir"
+            f"and start exitwatch, or set {ENV_HOOK_DIR} to the agent's [hooks] dir"
         )
     if err.errno == errno.EPERM:  # open_spool's: a spool that others could tamper with
         return (
             f"hook spool {spool}: {err.strerror}: it must be a directory of root's, mode "
-            f"1733, as the agent makes it (or set {ENV_HOOK_DIR} to the agent's hook_dir)"
+            f"1733, as the agent makes it (or set {ENV_HOOK_DIR} to the agent's [hooks] dir)"
         )
     if isinstance(err, PermissionError):
         return (
@@ -203,8 +203,8 @@ def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
     CMD's Docker clients are pointed at a socket of the run's that labels what they create;
     its TMPDIR is a fresh marked directory. Exits with CMD's status (128+N for signal N).
     """
-    from exitwatch.runner.supervise import SETUP_FAILED, RunError, Settings
-    from exitwatch.runner.supervise import run as supervise
+    from exitwatch.run.supervise import SETUP_FAILED, RunError, Settings
+    from exitwatch.run.supervise import run as supervise
 
     # What the removal code warns of, the wrapper says itself: once, as a line of its own.
     logging.getLogger("exitwatch.kinds").setLevel(logging.ERROR)

@@ -25,10 +25,10 @@ from collections.abc import Iterator
 import h11
 
 from exitwatch.contract import LABEL_OWNER_NAME
-from exitwatch.runner import creation, framing, relay, routes, volumes
-from exitwatch.runner.policy import Owned, Refuse
-from exitwatch.runner.responses import HTTP, RAW, Responses
-from exitwatch.runner.routes import Route
+from exitwatch.proxy import creation, framing, relay, routes, volumes
+from exitwatch.proxy.policy import Owned, Refuse
+from exitwatch.proxy.responses import HTTP, RAW, Responses
+from exitwatch.proxy.routes import Route
 
 CHUNK = 64 * 1024  # bytes per read of a request
 # Bytes of a request head that a connection reads on its own. The docker CLI's heads are

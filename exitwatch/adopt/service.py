@@ -1,7 +1,7 @@
 """`exitwatch adopt`: one labelling Docker socket for the whole host.
 
-It is the proxy of `exitwatch run` (proxy.py) with another policy: each connection's owner
-is found from the process at its other end (peers.py), and is labelled on what that
+It is the proxy of `exitwatch run` (proxy/server.py) with another policy: each connection's
+owner is found from the process at its other end (peers.py), and is labelled on what that
 connection creates; the agent reaps it by that label, as any owner's. The socket (its
 activation by systemd, its file and its mode) is listening.py's.
 """
@@ -17,7 +17,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from exitwatch import procfs
-from exitwatch.runner.listening import (
+from exitwatch.adopt.listening import (
     ListenError,
     Listening,
     activated,
@@ -25,8 +25,8 @@ from exitwatch.runner.listening import (
     bind_fresh,
     open_activated,
 )
-from exitwatch.runner.peers import Adopting
-from exitwatch.runner.proxy import Proxy
+from exitwatch.adopt.peers import Adopting
+from exitwatch.proxy.server import Proxy
 
 log = logging.getLogger(__name__)
 

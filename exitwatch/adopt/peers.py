@@ -37,8 +37,8 @@ import h11
 
 from exitwatch import procfs
 from exitwatch.owner import current_boot_id
-from exitwatch.runner import engineapi
-from exitwatch.runner.policy import Owned, Owner, Refuse
+from exitwatch.proxy import engineapi
+from exitwatch.proxy.policy import Owned, Owner, Refuse
 
 log = logging.getLogger(__name__)
 

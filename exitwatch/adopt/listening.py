@@ -11,8 +11,8 @@ said in one line; one's own socket is unlinked at a clean stop.
 
 The file never grants more than the engine's own socket does: it takes its owner, group
 and mode (root:docker 0660 on Debian). Its directory must be one that nobody but root can
-rename or replace anything in (the run's rule, dirs.py): else a user could put a socket of
-theirs where root's clients would send it their secrets.
+rename or replace anything in (proxy/safedir.py): else a user could put a socket of theirs
+where root's clients would send it their secrets.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import stat
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
-from exitwatch.runner import dirs
+from exitwatch.proxy import safedir
 
 SD_LISTEN_FDS_START = 3
 BACKLOG = 4096  # clients queued while the service starts or restarts (somaxconn caps it)
@@ -138,24 +138,24 @@ def _taken(path: str) -> str:
     return "a server already answers there (the engine? another exitwatch adopt?); left alone"
 
 
-def _checked_dir(path: str, make: bool = False) -> dirs.Base:
+def _checked_dir(path: str, make: bool = False) -> safedir.Base:
     """The directory of `path`, open, checked as the module says; made (0755) first if it
     is missing and `make`. Raises ListenError."""
     parent = os.path.dirname(path)
     try:
         try:
-            return dirs.open_base(parent)
+            return safedir.open_base(parent)
         except FileNotFoundError:
             if not make:
                 raise
-            above = dirs.open_base(os.path.dirname(parent))
+            above = safedir.open_base(os.path.dirname(parent))
             try:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(os.path.basename(parent), 0o755, dir_fd=above.fd)
             finally:
                 above.close()
-            return dirs.open_base(parent)
-    except dirs.Unsafe as why:
+            return safedir.open_base(parent)
+    except safedir.Unsafe as why:
         raise ListenError(
             f"not serving {path}: {why}, so another user could put a socket of theirs in its place"
         ) from None

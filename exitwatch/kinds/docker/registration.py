@@ -1,0 +1,81 @@
+"""What the container kind declares of itself (kinds/registry.py): its `[containers]`
+settings, its health line, what an owner holds of it in status, and its metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exitwatch.kinds.base import Metric, Registration
+from exitwatch.kinds.docker.host import socket_path
+from exitwatch.kinds.docker.kind import CONCURRENCY, KIND, Containers
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The `[containers]` table."""
+
+    enabled: bool = True
+    """Reap the containers labelled with a dead owner, with their compose projects'
+    networks and volumes."""
+    docker_host: str | None = None
+    """The local Docker engine's socket, a unix:// URL; unset: DOCKER_HOST, or the default
+    socket."""
+    concurrency: int = CONCURRENCY
+    """At most this many requests to the Docker engine are under way at once for removals
+    (of containers, their networks and volumes, and the listings they need), over every
+    removal of the process: a dead owner with 1,000 containers, or many dead owners at
+    once, wait their turn rather than flood the engine."""
+
+    def checks(self) -> dict[str, tuple[bool, str]]:
+        return {
+            "docker_host": (
+                self.docker_host is None or self.docker_host.startswith("unix://"),
+                "a local engine's unix:// socket (owners are processes of this host)",
+            ),
+            "concurrency": (1 <= self.concurrency <= 256, "an integer in 1..256"),
+        }
+
+
+def _make(settings: Settings) -> Containers:
+    """Raises ValueError for an engine that is not a local socket (DOCKER_HOST may name
+    one): owners of another host carry another boot id, which reads as "rebooted"."""
+    containers = Containers(settings.docker_host, concurrency=settings.concurrency)
+    if socket_path(containers.host) is None:
+        raise ValueError(
+            "docker_host: expected a local engine's unix:// socket (owners are processes of "
+            f"this host), got {containers.host!r}"
+        )
+    return containers
+
+
+def _health_lines(docker: dict) -> list[str]:
+    state = "connected" if docker.get("connected") else f"DOWN ({docker.get('last_error')})"
+    extra = f", {docker['reconnects']} reconnects" if docker.get("reconnects") else ""
+    return [f"  docker:   {docker.get('endpoint')}: {state}{extra}"]
+
+
+REGISTRATION = Registration(
+    kind=KIND,
+    table="containers",
+    settings=Settings,
+    make=_make,
+    aliases={"docker_host": "docker_host", "engine_concurrency": "concurrency"},
+    health_key="docker",
+    health_lines=_health_lines,
+    held=lambda held: [{"id": r.key, "name": r.name, "project": r.group} for r in held],
+    held_lines=lambda held: [
+        f"    container {c['id'][:12]} ({c['name']}"
+        + (f", project {c['project']}" if c.get("project") else "")
+        + ")"
+        for c in held
+    ],
+    metrics=(
+        Metric(
+            "exitwatch_engine_reconnects_total",
+            "Docker events stream reconnects.",
+            "reconnects",
+            counter=True,
+        ),
+        Metric("exitwatch_engine_connected", "1 while the Docker engine answers.", "connected"),
+    ),
+)

@@ -52,7 +52,8 @@ def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
     assert done.returncode != 0
     assert done.stderr.strip() == (
         "Error: containers.docker_host: expected a local engine's unix:// socket (owners are "
-        "processes of this host), got 'tcp://10.0.0.5:2375'"
+        "processes of this host), got 'tcp://10.0.0.5:2375' from DOCKER_HOST: unset it, or "
+        "set this key"
     )
 
 

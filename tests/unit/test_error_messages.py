@@ -167,6 +167,18 @@ def test_reap_without_an_engine_says_to_start_or_name_one(as_root, tmp_path: Pat
     )
 
 
+def test_a_remote_engine_from_the_environment_says_where_it_came_from(as_root, tmp_path):
+    said = _error(
+        ["reap", "--config", _empty(tmp_path), "--workdir-root", str(tmp_path)],
+        env={"DOCKER_HOST": "tcp://10.0.0.5:2375"},
+    )
+    assert said == (
+        "containers.docker_host: expected a local engine's unix:// socket (owners are "
+        "processes of this host), got 'tcp://10.0.0.5:2375' from DOCKER_HOST: unset it, or "
+        "set this key"
+    )
+
+
 def test_adopt_with_a_remote_engine_says_to_point_at_a_socket(as_root, tmp_path) -> None:
     said = _error(
         ["adopt", "--config", _empty(tmp_path), "--listen", str(tmp_path / "a.sock")],

@@ -41,9 +41,10 @@ def _make(settings: Settings) -> Containers:
     one): owners of another host carry another boot id, which reads as "rebooted"."""
     containers = Containers(settings.docker_host, concurrency=settings.concurrency)
     if socket_path(containers.host) is None:
+        whence = "" if settings.docker_host else " from DOCKER_HOST: unset it, or set this key"
         raise ValueError(
             "docker_host: expected a local engine's unix:// socket (owners are processes of "
-            f"this host), got {containers.host!r}"
+            f"this host), got {containers.host!r}{whence}"
         )
     return containers
 

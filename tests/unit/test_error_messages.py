@@ -15,6 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from exitwatch import contract, procfs
+from exitwatch.adopt import service as adopt_service
+from exitwatch.adopt.service import AdoptError
 from exitwatch.cli import cli
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES
 from exitwatch.owner import PID_MAX
@@ -282,3 +284,36 @@ def test_metrics_on_a_taken_port_say_to_give_another(monkeypatch) -> None:
     said = str(err.value)
     assert said.startswith(f"cannot serve metrics on {addr}: Address already in use")
     assert said.endswith(": give --metrics-addr (or metrics_addr) a free HOST:PORT")
+
+
+def test_adopts_socket_says_what_to_do_where_it_cannot_listen(tmp_path: Path) -> None:
+    from exitwatch.adopt import listening
+
+    taken = tmp_path / "file.sock"
+    taken.write_text("")
+    with pytest.raises(listening.ListenError) as err:
+        listening.bind_fresh(str(taken))
+    assert str(err.value) == (
+        f"{taken}: exists and is not a socket; left alone: move it away, or listen elsewhere "
+        "(--listen)"
+    )
+    served = listening.bind_fresh(str(tmp_path / "adopt.sock"))
+    try:
+        with pytest.raises(listening.ListenError) as err:
+            listening.bind_fresh(served.path)
+        assert str(err.value).endswith("; left alone: stop it, or listen elsewhere (--listen)")
+        with pytest.raises(AdoptError) as loop:
+            adopt_service._not_itself(served, served.path)
+        assert str(loop.value) == (
+            f"the engine socket {served.path} is the socket served: it would loop; name the "
+            "engine's own socket ([adopt] docker_host, or --docker-host)"
+        )
+    finally:
+        served.close()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(listening.ListenError) as err:
+        listening.bind_fresh(str(shared / "adopt.sock"))
+    assert str(err.value).startswith(f"not serving {shared}/adopt.sock: ")
+    assert str(err.value).endswith(": listen in a directory only root can write to")

@@ -107,8 +107,8 @@ def _require_root(
     foreign = procfs.foreign_namespace("pid", "time")
     if foreign is not None:
         raise click.ClickException(
-            f"{command} must run in the host's {foreign} namespace: it judges owners by "
-            "their host pids and start times"
+            f"{command} must run in the host's {foreign} namespace (inside a container? run "
+            "it on the host): it judges owners by their host pids and start times"
         )
 
 
@@ -214,12 +214,17 @@ def reap(config_path: str | None, **flags: object) -> None:
     from exitwatch.agent.audit import AuditLog
     from exitwatch.agent.loop import Agent
     from exitwatch.agent.record import Recorder
+    from exitwatch.kinds.registry import by_kind
 
     kinds = _kinds(config)
-    for kind in kinds.values():  # what one cannot list, it would find nothing of
+    for name, kind in kinds.items():  # what one cannot list, it would find nothing of
         problem = kind.ping()
         if problem is not None:
-            raise click.ClickException(problem)
+            table = by_kind(name).table
+            raise click.ClickException(
+                f"{problem}: start it, point [{table}] at another (exitwatch.toml(5)), or turn "
+                "the kind off there (enabled = false)"
+            )
     # Its removals and refusals go to the audit log as the agent's do.
     audit = AuditLog(config.audit_log, config.audit_max_bytes) if config.audit_log else None
     agent = Agent(config, kinds.values(), recorder=Recorder(audit))
@@ -229,10 +234,15 @@ def reap(config_path: str | None, **flags: object) -> None:
         if audit is not None:
             audit.close()
     if problems:
-        raise click.ClickException("; ".join(problems))
+        raise click.ClickException(
+            "; ".join(problems) + "; the rest was reaped: fix that and run exitwatch reap again"
+        )
     failed = agent.recorder.counters().get("removal_errors", 0)
     if failed:
-        raise click.ClickException(f"{failed} removals failed; see the log above")
+        raise click.ClickException(
+            f"{failed} removals failed; the log above says why: fix that and run exitwatch "
+            "reap again (each removal had reap_attempts attempts)"
+        )
 
 
 @cli.command()
@@ -240,7 +250,7 @@ def reap(config_path: str | None, **flags: object) -> None:
 @_status_socket
 @_hook_dir
 @click.option(
-    "--json", "as_json", is_flag=True, help="The status as JSON (schema: docs/operations.md)."
+    "--json", "as_json", is_flag=True, help="The status as JSON (schema: exitwatch-files(5))."
 )
 @click.option(
     "--since",
@@ -273,7 +283,7 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
             doc["reaps"] = list(audit.read(path, _since(since)))
         except OSError as err:
             raise click.ClickException(
-                f"cannot read the audit log {path}: {err.strerror}"
+                f"cannot read the audit log {path}: {err.strerror}{_audit_hint(err)}"
             ) from None
     click.echo(json.dumps(doc, indent=2) if as_json else render(doc))
     sys.exit(code)
@@ -306,7 +316,7 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
     whose command line a rule matches; on the host: that process, else nobody).
 
     SIGTERM or SIGINT stops it; under exitwatch-adopt.socket, one socket file serves across
-    restarts. docs/adopt.md has the recipes.
+    restarts. exitwatch-adopt(8) has the recipes.
     """
     _require_root("exitwatch adopt", "its socket takes the engine socket's owner and group")
     config = _config(config_path)
@@ -334,6 +344,13 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
         serve(Settings(config.adopt.listen, engine, config.adopt.rules), stopping, os.environ)
     except AdoptError as err:
         raise click.ClickException(str(err)) from None
+
+
+def _audit_hint(err: OSError) -> str:
+    """What to do when the audit log cannot be read (a missing one reads as empty)."""
+    if isinstance(err, PermissionError):
+        return " (it is root's: run exitwatch status as root)"
+    return ""
 
 
 def _since(text: str) -> float:

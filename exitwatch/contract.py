@@ -223,7 +223,10 @@ def on_death(
         raise ValueError(f"bad hook: {problem}")
     data = json.dumps(body).encode()
     if len(data) > HOOK_MAX_BYTES:
-        raise ValueError(f"hook is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}")
+        raise ValueError(
+            f"hook is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}: shorten its "
+            "command or its env"
+        )
     hook_id = secrets.token_hex(16)
     spool = open_spool(hook_dir())
     try:
@@ -285,7 +288,10 @@ def cancel_hook(hook_id: str) -> bool:
     PermissionError for another user's hook.
     """
     if not isinstance(hook_id, str) or not is_hook_id(hook_id):
-        raise ValueError(f"{hook_id!r} is not a hook id (32 hex digits)")
+        raise ValueError(
+            f"{hook_id!r} is not a hook id (32 hex digits): give the id that on_death "
+            "(exitwatch on-death) printed"
+        )
     spool = open_spool(hook_dir())
     try:
         try:
@@ -293,7 +299,9 @@ def cancel_hook(hook_id: str) -> bool:
         except FileNotFoundError:
             return False
         if st.st_uid != os.geteuid():
-            raise PermissionError(f"hook {hook_id} belongs to uid {st.st_uid}, not to you")
+            raise PermissionError(
+                f"hook {hook_id} belongs to uid {st.st_uid}, not to you: cancel it as that user"
+            )
         # Out of the agent's sight at once, under a dot name; then emptied and removed.
         gone = f".{hook_id}.cancelled"
         try:

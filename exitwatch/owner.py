@@ -64,8 +64,9 @@ def owner_of(pid: int | None = None) -> Owner:
     foreign = procfs.foreign_namespace("pid", "time")
     if foreign is not None:
         raise OwnerError(
-            f"not in the host's {foreign} namespace: pids and start times seen here "
-            "would name other processes to the agent (name owners from the host)"
+            f"inside a container (not in the host's {foreign} namespace): pids and start "
+            "times seen here would name other processes to the agent. For what a container "
+            "creates, use `exitwatch adopt` (exitwatch-adopt(8)); else name owners from the host"
         )
     pid = os.getpid() if pid is None else pid
     return Owner(current_boot_id(), pid, procfs.read_stat(pid).starttime)

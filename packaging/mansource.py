@@ -35,11 +35,27 @@ def prose(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"\\fB\1\\fR", esc(inspect.cleandoc(text)))
 
 
+def paragraphs(text: str) -> list[str]:
+    """A click help text as roff paragraphs, dedented as `--help` dedents it
+    (inspect.cleandoc): each paragraph filled as one, with its `code` in bold; one that click
+    keeps as written (its first line is "\\b") is kept so, as an example."""
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        if para.startswith("\b\n"):
+            lines = inspect.cleandoc(para[2:]).splitlines()
+            out.append(".PP\n.EX\n" + esc("\n".join(lines)) + "\n.EE")
+        else:
+            out.append(".PP\n" + prose(" ".join(para.split())))
+    return out
+
+
 def header(name: str, section: int, manual: str) -> str:
     epoch = float(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
     date = time.strftime("%Y-%m-%d", time.gmtime(epoch))
     th = f'.TH {esc(name.upper())} {section} "{date}" "exitwatch {__version__}" "{manual}"'
-    return th + "\n.nh"  # no hyphenation: names such as EXITWATCH_RUN stay whole
+    # No hyphenation, so that names such as EXITWATCH_RUN stay whole: .nh for now, and HY
+    # (groff_man(7)) for after each example, whose .EE would turn it on again.
+    return th + "\n.nh\n.nr HY 0"
 
 
 Commands = Iterator[tuple[click.Command, click.Context]]
@@ -72,7 +88,9 @@ def root() -> click.Context:
 
 
 def summary(cmd: click.Command) -> str:
-    first = (cmd.help or "").splitlines()[0].rstrip(".")
+    """The NAME line's words: the help's first sentence, up to a colon."""
+    first = " ".join(inspect.cleandoc(cmd.help or "").split("\n\n")[0].split())
+    first = first.split(". ")[0].split(": ")[0].rstrip(".")
     return esc(first[:1].lower() + first[1:])
 
 

@@ -122,9 +122,11 @@ def _taken(path: str) -> str:
     try:
         st = os.lstat(path)
     except OSError:
-        return "something was there a moment ago; left alone"
+        return "something was there a moment ago; left alone: try again"
     if not stat.S_ISSOCK(st.st_mode):
-        return "exists and is not a socket; left alone"
+        return (
+            "exists and is not a socket; left alone: move it away, or listen elsewhere (--listen)"
+        )
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
         probe.settimeout(2.0)
         try:
@@ -136,7 +138,10 @@ def _taken(path: str) -> str:
                 "replace for them. Remove it (rm) and restart them, or serve it with "
                 "exitwatch-adopt.socket, which keeps one socket across restarts"
             )
-    return "a server already answers there (the engine? another exitwatch adopt?); left alone"
+    return (
+        "a server already answers there (the engine? another exitwatch adopt?); left alone: "
+        "stop it, or listen elsewhere (--listen)"
+    )
 
 
 def _checked_dir(path: str, make: bool = False) -> safedir.Base:
@@ -158,7 +163,8 @@ def _checked_dir(path: str, make: bool = False) -> safedir.Base:
             return safedir.open_base(parent)
     except safedir.Unsafe as why:
         raise ListenError(
-            f"not serving {path}: {why}, so another user could put a socket of theirs in its place"
+            f"not serving {path}: {why}, so another user could put a socket of theirs in its "
+            "place: listen in a directory only root can write to"
         ) from None
     except OSError as err:
         raise ListenError(f"cannot listen on {path}: {parent}: {err.strerror}") from None

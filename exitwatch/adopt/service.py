@@ -49,8 +49,8 @@ def serve(settings: Settings, stop: threading.Event, env: MutableMapping[str, st
     foreign = procfs.foreign_namespace("pid", "time")
     if foreign is not None:
         raise AdoptError(
-            f"exitwatch adopt must run in the host's {foreign} namespace: owners are named "
-            "by their host pids and start times"
+            f"exitwatch adopt must run in the host's {foreign} namespace (inside a container? "
+            "run it on the host): owners are named by their host pids and start times"
         )
     _more_files()
     listening = _listening(settings, env)
@@ -110,7 +110,10 @@ def _not_itself(listening: Listening, engine: Endpoint) -> None:
         return  # no engine now: its clients see their connections closed, as without us
     if (st.st_dev, st.st_ino) == listening.ino:
         listening.close()
-        raise AdoptError(f"the engine socket {engine.where} is the socket served: it would loop")
+        raise AdoptError(
+            f"the engine socket {engine.where} is the socket served: it would loop; name the "
+            "engine's own socket ([adopt] docker_host, or --docker-host)"
+        )
 
 
 def _align(listening: Listening, engine: Endpoint, said: set[str], starting: bool) -> None:

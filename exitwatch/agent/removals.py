@@ -34,7 +34,11 @@ BUSY_PAUSE_MAX = 30.0  # seconds between looks at a resource another process is 
 def retry_delay(attempt: int) -> float:
     """Seconds before the attempt after `attempt` (1, 2, ...): 0.5 s, 2 s, 8 s, ... A
     removal that failed at once (a busy engine) is soon tried again; one that keeps
-    failing (an immutable file) costs ever less."""
+    failing (an immutable file) costs ever less.
+
+    An attempt is one run of a job, up to reap_attempts in all. Within one, a kind may try
+    a step more than once: the docker kind sends each engine call up to 3 times
+    (kinds/docker/attempts.py, ATTEMPTS), and says so in its failure ("after 3 tries")."""
     return 0.5 * 4 ** (attempt - 1)
 
 
@@ -240,7 +244,8 @@ class Removals:
             self._start(upcoming)
 
     def _retry(self, job: Job) -> bool:
-        """Schedule the job's next attempt; False once it has had them all."""
+        """Schedule the job's next attempt; False once it has had them all (reap_attempts;
+        the tries within each attempt are its kind's, see retry_delay)."""
         if job.attempt < self._settings.reap_attempts:
             due = time.monotonic() + retry_delay(job.attempt)
             retry = replace(job, attempt=job.attempt + 1)
@@ -249,8 +254,8 @@ class Removals:
         self._recorder.count("gave_up")
         self._given_up.update(((r.kind, r.key), job) for r in job.resources)
         log.error(
-            "giving up on the %ss of %s after %d attempts; the next reconcile, start or "
-            "`exitwatch reap` tries again",
+            "giving up on the %ss of %s after %d attempts (reap_attempts; the tries within "
+            "each are its kind's); the next reconcile, start or `exitwatch reap` tries again",
             job.kind.kind,
             job.owner,
             job.attempt,

@@ -19,7 +19,8 @@ class Settings(Protocol):
 
     @property
     def reap_attempts(self) -> int:
-        """A removal that fails is tried this many times in all."""
+        """A removal that fails is tried this many times in all: the agent's attempts,
+        each of which may try an engine call more than once (kinds/docker/attempts.py)."""
         ...
 
     @property

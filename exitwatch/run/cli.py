@@ -3,6 +3,7 @@ without root and without an agent."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -11,9 +12,11 @@ import sys
 import click
 
 from exitwatch.contract import (
+    ENV_HOOK_DIR,
     ENV_OWNER,
     HOOK_MAX_TIMEOUT,
     cancel_hook,
+    hook_dir,
     mark_workdir,
     on_death,
     owner_labels,
@@ -42,7 +45,7 @@ def labels(pid: int | None, fmt: str) -> None:
     try:
         labels = owner_labels(pid)
     except ProcessLookupError:
-        raise click.ClickException(f"no process with pid {pid}") from None
+        raise click.ClickException(_no_process(pid)) from None
     except OwnerError as err:
         raise click.ClickException(str(err)) from None
     if fmt == "json":
@@ -62,11 +65,13 @@ def mark(directory: str, pid: int | None) -> None:
     try:
         mark_workdir(directory, pid)
     except ProcessLookupError:
-        raise click.ClickException(f"no process with pid {pid}") from None
+        raise click.ClickException(_no_process(pid)) from None
     except OwnerError as err:
         raise click.ClickException(str(err)) from None
     except OSError as err:
-        raise click.ClickException(f"cannot mark {directory}: {err.strerror}") from None
+        raise click.ClickException(
+            f"cannot mark {directory}: {err.strerror}{_mark_hint(err)}"
+        ) from None
 
 
 @click.command("on-death")
@@ -104,7 +109,9 @@ def on_death_cmd(
             raise click.UsageError("--cancel takes no command, --env or --pid")
         try:
             if not cancel_hook(cancel):
-                raise click.ClickException(f"no hook {cancel} (it ran, or was cancelled)")
+                raise click.ClickException(
+                    f"no hook {cancel}: it ran, or was cancelled; nothing is left to cancel"
+                )
         except (ValueError, OSError) as err:
             raise click.ClickException(_why(err)) from None
         return
@@ -125,15 +132,47 @@ def on_death_cmd(
     try:
         click.echo(on_death(command, pid=pid, timeout=timeout, env=pairs))
     except ProcessLookupError:
-        raise click.ClickException(f"no process with pid {pid}") from None
+        raise click.ClickException(_no_process(pid)) from None
     except (ValueError, OwnerError, OSError) as err:
         raise click.ClickException(_why(err)) from None
 
 
 def _why(err: Exception) -> str:
-    if isinstance(err, OSError) and err.strerror:
-        return f"hook spool {err.filename or ''}: {err.strerror}"
-    return str(err)
+    """One line for an error of the hook spool or of a hook, with what to do."""
+    if not (isinstance(err, OSError) and err.strerror):
+        return str(err)
+    spool = err.filename or ""
+    if isinstance(err, FileNotFoundError) and spool == hook_dir():
+        return (
+            f"no exitwatch agent on this host? (its hook spool {spool} is missing): install "
+            f"and start exitwatch, or set {ENV_HOOK_DIR} to the agent's [hooks] dir"
+        )
+    if err.errno == errno.EPERM:  # open_spool's: a spool that others could tamper with
+        return (
+            f"hook spool {spool}: {err.strerror}: it must be a directory of root's, mode "
+            f"1733, as the agent makes it (or set {ENV_HOOK_DIR} to the agent's [hooks] dir)"
+        )
+    if isinstance(err, PermissionError):
+        return (
+            f"hook spool {spool}: {err.strerror}: anyone may add a hook only to a spool of "
+            "mode 1733, as the agent makes it: ask root to fix its mode"
+        )
+    return f"hook spool {spool}: {err.strerror}"
+
+
+def _no_process(pid: int) -> str:
+    return f"no process with pid {pid}: give --pid a running process (default: this shell)"
+
+
+def _mark_hint(err: OSError) -> str:
+    """What to do when a directory cannot be marked."""
+    if err.errno in (errno.ENOTDIR, errno.ELOOP):
+        return " (only a directory is marked, never through a symlink: give its own path)"
+    if isinstance(err, FileNotFoundError):
+        return " (make the directory first)"
+    if isinstance(err, PermissionError):
+        return " (mark a directory you can write to, as its owner)"
+    return ""
 
 
 class _OneLineUsage(click.Command):

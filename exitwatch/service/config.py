@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Adopt:
     """The `[adopt]` table: `exitwatch adopt`, one labelling Docker socket for the whole
-    host (docs/adopt.md)."""
+    host (exitwatch-adopt(8))."""
 
     listen: str = "/run/exitwatch/docker.sock"
     """The socket it serves, when systemd passes it none (exitwatch-adopt.socket does); it
@@ -63,7 +63,11 @@ class Config:
     reap_workers: int = 16
     """Removals run in parallel on this many threads."""
     reap_attempts: int = 3
-    """A removal that fails is tried this many times in all, with growing delays."""
+    """A removal that fails is tried this many times in all, 0.5 s, 2 s, 8 s, ... apart: the
+    agent's attempts. Within each, the container kind sends each engine call up to 3 times
+    (0.2 s, then 0.4 s apart), so the engine may be asked 3 times reap_attempts; the log
+    line of a failure says its tries, and the last one the attempts. `exitwatch reap` also
+    judges an owner whose liveness cannot be read this many times, a second apart."""
     reconcile_interval: float = 600.0
     """Seconds between full listings of every kind, which retry what was missed, refused or
     given up; 0: only at start."""
@@ -229,6 +233,15 @@ def _table(name: str, value: object, base: Any) -> Any:
     return replace(base, **values)
 
 
+def _unreadable(err: OSError) -> str:
+    """What to do about a config file that cannot be read."""
+    if isinstance(err, FileNotFoundError):
+        return " (give --config an existing file, or leave it out for the defaults)"
+    if isinstance(err, PermissionError):
+        return " (run as root, or make the file readable)"
+    return ""
+
+
 def load(path: str, base: Config | None = None, notes: list[str] | None = None) -> Config:
     """Read a TOML config file over `base` (default: the defaults). Each flat alias of a
     kind's setting that it uses is told in `notes`, with its new spelling."""
@@ -236,7 +249,7 @@ def load(path: str, base: Config | None = None, notes: list[str] | None = None) 
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+        raise ConfigError(f"{path}: cannot read: {err.strerror}{_unreadable(err)}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     config = base or Config()

@@ -106,7 +106,10 @@ class Metrics:
         try:
             sock = socket.create_server((host, port), family=family, backlog=MAX_CONNECTIONS)
         except OSError as err:
-            raise MetricsError(f"cannot serve metrics on {addr}: {err.strerror}") from None
+            raise MetricsError(
+                f"cannot serve metrics on {addr}: {err.strerror}: give --metrics-addr (or "
+                "metrics_addr) a free HOST:PORT"
+            ) from None
         self._server = _Server(sock, self._answer)
         self._thread = threading.Thread(
             target=self._server.serve, name="exitwatch-metrics", daemon=True

@@ -117,13 +117,19 @@ class EbpfSource(Source):
             # The program reports host pids; /proc here would name other processes.
             raise SourceError("not in the host's pid namespace")
         if not os.path.exists(BTF_PATH):
-            raise SourceError(f"the kernel has no BTF ({BTF_PATH} is missing)")
+            raise SourceError(
+                f"the kernel has no BTF ({BTF_PATH} is missing): use a kernel built with "
+                "CONFIG_DEBUG_INFO_BTF, or --source netlink"
+            )
         try:
             self._lib = lib = Libbpf()
         except OSError as err:
-            raise SourceError(f"libbpf 1.x not found: {err}") from None
+            raise SourceError(f"libbpf 1.x not found ({err}): install libbpf1") from None
         if not os.path.isfile(self.obj_path):
-            raise SourceError(f"eBPF object {self.obj_path} is missing (build it: make bpf)")
+            raise SourceError(
+                f"eBPF object {self.obj_path} is missing: install the exitwatch-bpf package "
+                "(from a checkout: make bpf)"
+            )
         _check_byte_order(self.obj_path)
         try:
             self._obj = lib.open_object(self.obj_path)

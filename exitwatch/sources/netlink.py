@@ -140,9 +140,15 @@ def feature() -> str:
 
 def _explain(err: OSError, step: str) -> str:
     if err.errno in (errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT):
-        return f"no proc connector in this kernel ({step}: {err.strerror})"
+        return (
+            f"no proc connector in this kernel ({step}: {err.strerror}): use a kernel with "
+            "CONFIG_PROC_EVENTS, or --source poll"
+        )
     if err.errno in (errno.EPERM, errno.EACCES):
-        return f"not allowed to join the proc connector ({step}: {err.strerror})"
+        return (
+            f"not allowed to join the proc connector ({step}: {err.strerror}): run as root "
+            "in the host's network namespace, or --source poll"
+        )
     return f"proc connector {step} failed: {err.strerror or err}"
 
 

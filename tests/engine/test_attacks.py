@@ -382,5 +382,6 @@ def test_status_since_as_a_user_who_may_not_read_the_audit_log_is_one_line(root,
         shutil.rmtree(private)
     assert proc.returncode == 1, err
     assert err.decode().splitlines() == [
-        f"Error: cannot read the audit log {private}/audit.jsonl: Permission denied"
+        f"Error: cannot read the audit log {private}/audit.jsonl: Permission denied (it is "
+        "root's: run exitwatch status as root)"
     ]

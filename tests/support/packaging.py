@@ -15,7 +15,13 @@ DASHBOARD = PACKAGING / "grafana" / "exitwatch.json"
 UNIT_SOURCE = PACKAGING / "debian" / "exitwatch.service"  # the agent's unit, as packaged
 # What the environment of a root shell on a bench host looks like: no pyenv, no tree.
 DEBIAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}
-PAGES = ("exitwatch.8", "exitwatch.toml.5", "exitwatch-run.1")  # the man pages the .deb ships
+PAGES = (  # the man pages the .deb ships
+    "exitwatch.8",
+    "exitwatch.toml.5",
+    "exitwatch-run.1",
+    "exitwatch-adopt.8",
+    "exitwatch-files.5",
+)
 
 
 def man(path: Path) -> str:

@@ -43,7 +43,8 @@ def test_missing_config_file_is_one_line(tmp_path):
     done = exitwatch("agent", "--config", str(tmp_path / "nope.toml"))
     assert done.returncode != 0
     assert done.stderr.strip() == (
-        f"Error: {tmp_path / 'nope.toml'}: cannot read: No such file or directory"
+        f"Error: {tmp_path / 'nope.toml'}: cannot read: No such file or directory (give "
+        "--config an existing file, or leave it out for the defaults)"
     )
 
 
@@ -53,14 +54,15 @@ def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
     assert done.returncode != 0
     assert done.stderr.strip() == (
         f"Error: containers.docker_host: expected {url.EXPECTED}, got 'tcp://10.0.0.5:2375'"
+        " (from DOCKER_HOST: unset it, or set this key)"
     )
 
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["labels"], "Error: not in the host's pid namespace"),
-        (["mark", "/tmp"], "Error: not in the host's pid namespace"),
+        (["labels"], "Error: inside a container (not in the host's pid namespace)"),
+        (["mark", "/tmp"], "Error: inside a container (not in the host's pid namespace)"),
         (["agent"], "Error: exitwatch agent must run in the host's pid namespace"),
         (["reap"], "Error: exitwatch reap must run in the host's pid namespace"),
     ],

@@ -104,7 +104,7 @@ def test_lintian_reports_no_errors_and_every_remaining_tag_is_explained(debs) ->
     assert not [t for _, t in tags if t not in explained], done.stdout
 
 
-def test_the_built_package_holds_the_three_man_pages_and_each_renders(debs, tmp_path) -> None:
+def test_the_built_package_holds_every_man_page_and_each_renders(debs, tmp_path) -> None:
     main = next(d for d in debs if d.name.startswith("exitwatch_"))
     run(["dpkg-deb", "-x", str(main), str(tmp_path)])
     for name in PAGES:
@@ -138,6 +138,8 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
         "/usr/share/man/man8/exitwatch.8.gz",
         "/usr/share/man/man5/exitwatch.toml.5.gz",
         "/usr/share/man/man1/exitwatch-run.1.gz",
+        "/usr/share/man/man8/exitwatch-adopt.8.gz",
+        "/usr/share/man/man5/exitwatch-files.5.gz",
         "/var/lib/exitwatch",
         "/usr/share/exitwatch/prometheus/exitwatch.rules.yml",
         "/usr/share/exitwatch/grafana/exitwatch.json",
@@ -151,7 +153,8 @@ def test_installed_files_unit_conffile_and_man_page(installed) -> None:
     assert "/etc/exitwatch/config.toml" in conffiles
     # Enabled on install, even where systemd is not running to start it.
     assert Path("/etc/systemd/system/multi-user.target.wants/exitwatch.service").is_symlink()
-    for section, name in (("8", "exitwatch"), ("5", "exitwatch.toml"), ("1", "exitwatch-run")):
+    for page in PAGES:
+        name, section = page.rsplit(".", 1)
         found = run(["man", "-w", section, name], env=DEBIAN_ENV).stdout.strip()
         assert found == f"/usr/share/man/man{section}/{name}.{section}.gz"
     verify = run(["systemd-analyze", "verify", UNIT, *ADOPT_UNITS], env=DEBIAN_ENV, check=False)

@@ -395,7 +395,8 @@ def test_a_symlinked_spool_is_refused_by_both_sides_in_the_same_words(
     spool, tmp_path, agent_for, monkeypatch
 ):
     """on_death once followed the link and accepted hooks that the agent, refusing the
-    link, never ran. Both open the spool with O_NOFOLLOW now, and say the same line."""
+    link, never ran. Both open the spool with O_NOFOLLOW now, and say the same line; the
+    command adds what to do."""
     link = tmp_path / "link"
     link.symlink_to(spool)
     why = (
@@ -410,7 +411,11 @@ def test_a_symlinked_spool_is_refused_by_both_sides_in_the_same_words(
         capture_output=True,
         text=True,
     )
-    assert (done.returncode, done.stderr) == (1, f"Error: {why}\n")
+    todo = (
+        "it must be a directory of root's, mode 1733, as the agent makes it (or set "
+        f"{ENV_HOOK_DIR} to the agent's [hooks] dir)"
+    )
+    assert (done.returncode, done.stderr) == (1, f"Error: {why}: {todo}\n")
     with pytest.raises(ValueError) as err:
         Hooks(str(link)).scan()  # as `exitwatch reap` and `status` list it
     assert str(err.value) == why

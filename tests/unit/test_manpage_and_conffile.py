@@ -7,6 +7,7 @@ and installs the package."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -19,9 +20,11 @@ import click
 import pytest
 
 from exitwatch.cli import cli
+from exitwatch.contract import ENV_HOOK_DIR, ENV_OWNER, ENV_RUN
 from exitwatch.kinds import registry
 from exitwatch.service import config as config_module
 from exitwatch.service.config import TABLE, Adopt, Config
+from exitwatch.sources.netlink import RCVBUF_ENV
 
 from support.packaging import PACKAGING, PAGES, man
 from support.procs import run
@@ -29,11 +32,11 @@ from support.procs import run
 ROOT = PACKAGING.parent
 
 
-def _manpage_module():
-    # As debian/rules runs it: a script beside mansource.py, which it imports.
+def _manpage_module(name: str = "manpage"):
+    # As debian/rules runs it: a script beside mansource.py and the pages' modules.
     sys.path.insert(0, str(PACKAGING))
     try:
-        return importlib.import_module("manpage")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(PACKAGING))
 
@@ -77,6 +80,41 @@ def test_man_page_renders_without_warnings(tmp_path: Path, name: str) -> None:
     assert re.search(rf"^ +{re.escape(name.rsplit('.', 1)[0])} +- ", shown, re.M)
 
 
+def _shown_paragraph(shown: str, start: str) -> str:
+    """The paragraph of the rendered page `shown` whose first line begins with `start`, its
+    words joined by single spaces; it must be filled as one, every line at one indent."""
+    lines = shown.splitlines()
+    first = next(i for i, line in enumerate(lines) if " ".join(line.split()).startswith(start))
+    para = []
+    for line in lines[first:]:
+        if not line.strip():
+            break
+        para.append(line)
+    indents = {len(line) - len(line.lstrip()) for line in para}
+    assert len(indents) == 1, "broken mid-paragraph:\n" + "\n".join(para)
+    return " ".join(" ".join(para).split())
+
+
+def test_man_page_fills_each_command_description_as_its_help_does(tmp_path: Path) -> None:
+    """Each paragraph of a command's help comes out whole, dedented as `--help` dedents it;
+    a paragraph kept as written (click's \\b) keeps its lines."""
+    if not Path("/usr/bin/man").exists():
+        pytest.skip("man-db is not installed (make apt installs it)")
+    page = tmp_path / "exitwatch.8"
+    page.write_text(_manpage_module().render("exitwatch.8"))
+    shown = man(page)
+    for name in ("agent", "adopt", "on-death"):
+        for para in inspect.cleandoc(cli.commands[name].help or "").split("\n\n"):
+            if para.startswith("\b\n"):
+                for line in para.splitlines()[1:]:
+                    assert re.search(rf"^ +{re.escape(line.strip())}$", shown, re.M), line
+                continue
+            words = " ".join(para.split()).replace("`", "")
+            assert _shown_paragraph(shown, " ".join(words.split()[:6])) == words, name
+    agent = "SIGTERM or SIGINT stops it within 2 s; SIGHUP re-reads the config file."
+    assert _shown_paragraph(shown, "SIGTERM or SIGINT stops it within") == agent
+
+
 def test_manpage_script_takes_the_page_to_write() -> None:
     script = [sys.executable, str(PACKAGING / "manpage.py")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -85,8 +123,80 @@ def test_manpage_script_takes_the_page_to_write() -> None:
     bad = run([*script, "exitwatch.1"], env=env, check=False)
     assert (bad.returncode, bad.stdout) == (2, "")
     assert bad.stderr.strip().splitlines() == [
-        "usage: manpage.py PAGE, one of exitwatch.8, exitwatch.toml.5, exitwatch-run.1"
+        "usage: manpage.py PAGE, one of exitwatch.8, exitwatch.toml.5, exitwatch-run.1, "
+        "exitwatch-adopt.8, exitwatch-files.5"
     ]
+
+
+def test_pages_stand_alone_and_point_at_each_other() -> None:
+    """The .deb installs no docs/: no page points there; each names the others it needs
+    in SEE ALSO, exitwatch(8) all of them."""
+    manpage = _manpage_module()
+    named = {name: name.rsplit(".", 1)[0] + "(" + name.rsplit(".", 1)[1] + ")" for name in PAGES}
+    for name in PAGES:
+        page = _plain(manpage.render(name))
+        assert "docs/" not in page and ".md" not in page, name
+        see_also = page.split(".SH SEE ALSO\n", 1)[1]
+        for other in PAGES:
+            if other != name and (name == "exitwatch.8" or other == "exitwatch.8"):
+                assert named[other] in see_also, f"{name} does not name {other}"
+    assert "exitwatch-adopt(8)" in _plain(manpage.render("exitwatch.toml.5"))
+
+
+def test_exitwatch_8_has_exit_status_environment_and_examples() -> None:
+    from exitwatch.cli import NO_AGENT
+
+    page = _manpage_module().render("exitwatch.8")
+    sections = re.findall(r"^\.SH (.*)$", page, flags=re.M)
+    for wanted in ("EXIT STATUS", "ENVIRONMENT", "FILES", "EXAMPLES", "SEE ALSO"):
+        assert wanted in sections, wanted
+    statuses = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
+    for code in (0, 1, 2, NO_AGENT):
+        assert f".B {code}\n" in statuses, code
+    environment = _plain(page.split(".SH ENVIRONMENT", 1)[1].split(".SH", 1)[0])
+    for name in ("DOCKER_HOST", ENV_HOOK_DIR, ENV_OWNER, ENV_RUN, RCVBUF_ENV, "NOTIFY_SOCKET"):
+        assert name in environment, name
+    examples = _plain(page.split(".SH EXAMPLES", 1)[1].split(".SH", 1)[0])
+    for command in ("exitwatch labels", "exitwatch mark", "exitwatch on-death", "exitwatch reap"):
+        assert command in examples, command
+
+
+def test_adopt_page_has_its_options_and_sections() -> None:
+    page = _manpage_module().render("exitwatch-adopt.8")
+    for param in cli.commands["adopt"].params:
+        if isinstance(param, click.Option):
+            for opt in param.opts:
+                assert opt.replace("-", "\\-") in page, opt
+    sections = re.findall(r"^\.SH (.*)$", page, flags=re.M)
+    for wanted in ("OPTIONS", "OWNERS", "EXIT STATUS", "ENVIRONMENT", "EXAMPLES", "SEE ALSO"):
+        assert wanted in sections, wanted
+    # Its own help's pointer to this very page is left out.
+    assert "exitwatch\\-adopt(8) has the recipes" not in page
+
+
+def test_files_page_gives_the_formats_the_code_reads() -> None:
+    """The hook keys are exactly those a hook file must have, the audit fields those the
+    agent writes, the status keys those the document has, and its examples parse."""
+    import json
+    from dataclasses import fields as dc_fields
+
+    from exitwatch.agent.record import Reap
+    from exitwatch.contract import hook_problem
+    from exitwatch.owner import Owner
+
+    manfiles = _manpage_module("manfiles")
+    page = _plain(_manpage_module().render("exitwatch-files.5"))
+    body = {"owner": "x", "argv": ["true"], "cwd": "", "env": {}, "timeout": 1, "created": 0}
+    assert hook_problem(body) is None
+    assert set(manfiles.HOOK_KEYS) == set(body)
+    assert set(manfiles.REAP_FIELDS) == {f.name for f in dc_fields(Reap)}
+    for key in (*manfiles.HOOK_KEYS, *manfiles.REAP_FIELDS, *manfiles.STATUS_KEYS):
+        assert f"\n.B {key}\n" in page, key
+    for example in re.findall(r"^\.EX\n(\{.*?)\n\.EE$", page, flags=re.M | re.S):
+        parsed = json.loads(example)
+        Owner.parse(parsed["owner"])
+        if "argv" in parsed:
+            assert hook_problem(parsed) is None
 
 
 def _plain(roff: str) -> str:
@@ -126,7 +236,7 @@ def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_pa
     manpage = _manpage_module()
     page = manpage.render("exitwatch.toml.5")
     for table, of in _sections():
-        part, docs = _part(page, table), manpage.field_docs(of)
+        part, docs = _part(page, table), _manpage_module("mansource").field_docs(of)
         for field in fields(of):
             assert field.name in docs, f"{of.__name__}.{field.name} has no docstring after it"
             if table is None and field.name in (TABLE, "kinds"):
@@ -147,7 +257,7 @@ def test_config_page_gives_every_setting_its_default_docstring_and_values(tmp_pa
     assert "\\-\\-workdir\\-root (exitwatch agent, exitwatch reap)" in roots
     assert "workdir_roots (roots)" in _plain(_part(page, "workdirs"))
     example = tmp_path / "example.toml"
-    example.write_text(manpage.CONFIG_EXAMPLE)
+    example.write_text(_manpage_module("mantoml").CONFIG_EXAMPLE)
     config_module.load(str(example))
 
 
@@ -163,6 +273,8 @@ def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
     statuses = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
     for code in (2, SETUP_FAILED, 126, 127):
         assert f".B {code}\n" in statuses, code
+    for section in ("ENVIRONMENT", "EXAMPLES"):
+        assert f"\n.SH {section}\n" in page, section
 
 
 def _documented() -> dict[str | None, dict[str, object]]:

@@ -37,7 +37,7 @@ def test_a_busy_resource_is_looked_at_again_as_long_as_it_waited_up_to_half_a_mi
     assert [busy_delay(w) for w in (0, 0.5, 1, 2, 20, 3600)] == [0.5, 0.5, 1, 2, 20, 30]
 
 
-def test_a_failed_job_is_due_again_after_its_attempts_delay_then_given_up():
+def test_a_failed_job_is_due_again_after_its_attempts_delay_then_given_up(caplog):
     ended: queue.SimpleQueue = queue.SimpleQueue()
     recorder = Recorder()
     jobs = Removals(Settings(), recorder, ended.put)
@@ -58,6 +58,11 @@ def test_a_failed_job_is_due_again_after_its_attempts_delay_then_given_up():
         assert recorder.counters()["gave_up"] == 1
         [given_up] = jobs.pending()
         assert (given_up.state, given_up.job.attempt) == ("given up", 3)
+        # The figure names its layer: the agent's attempts, not its kind's tries in each.
+        assert (
+            f"giving up on the things of {DEAD} after 3 attempts (reap_attempts; the tries "
+            "within each are its kind's)" in caplog.text
+        )
     finally:
         jobs.shutdown(wait=True)
 

@@ -13,7 +13,13 @@ from exitwatch.engine.client import ENGINE_ERRORS
 from exitwatch.engine.errors import EngineRefused, NotFound, describe
 from exitwatch.kinds.base import Unavailable
 
-ATTEMPTS = 3  # per removal; the pause between attempts doubles from RETRY_PAUSE
+# Tries of one engine call within one of the agent's attempts at a removal, the pause
+# between them doubling from RETRY_PAUSE. Two layers: a call that fails every try fails that
+# attempt, and the agent tries the job again, up to reap_attempts attempts in all
+# (agent/removals.py). So a removal may be sent to the engine ATTEMPTS x reap_attempts
+# times (3 x 3 = 9 by default); a failure says its tries ("..., after 3 tries"), and the
+# agent's last line its attempts.
+ATTEMPTS = 3
 RETRY_PAUSE = 0.2
 
 
@@ -22,10 +28,12 @@ class EngineError(Unavailable):
 
 
 def attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[bool, str]:
-    """Run one removal a bounded number of times: (done, "removed" / "already gone" / why not).
-    A client error ends it at once, but for the statuses in `again`."""
-    problem = ""
+    """Run one removal up to ATTEMPTS tries, within one of the agent's attempts (see
+    ATTEMPTS): (done, "removed" / "already gone" / why not, with the tries it took when
+    more than one). A client error ends it at once, but for the statuses in `again`."""
+    problem, tries = "", 0
     for n in range(ATTEMPTS):
+        tries = n + 1
         try:
             call()
             return True, "removed"
@@ -39,7 +47,7 @@ def attempt(call: Callable[[], None], again: tuple[int, ...] = (409,)) -> tuple[
                 break
         if n + 1 < ATTEMPTS:
             time.sleep(RETRY_PAUSE * 2**n)
-    return False, problem
+    return False, problem if tries == 1 else f"{problem}, after {tries} tries"
 
 
 def name_of(listed: dict[str, Any]) -> str:

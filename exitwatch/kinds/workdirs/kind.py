@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 KIND = "workdir"
 
-# Children of a dead owner may still be writing into its workdir: empty it this many times.
+# Children of a dead owner may still be writing into its workdir: empty it this many times
+# within one of the agent's attempts (reap_attempts in all) before that attempt fails.
 REMOVE_PASSES = 3
 
 

@@ -86,10 +86,16 @@ class StatusServer:
 def _bind(path: str) -> socket.socket:
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     if query(path, timeout=1.0) is not None:
-        raise StatusError(f"another agent already answers on {path}")
+        raise StatusError(
+            f"another agent already answers on {path}: stop it (systemctl stop exitwatch), "
+            "or give this one --status-socket of its own"
+        )
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise StatusError(f"{path} exists and is not a socket")
+            raise StatusError(
+                f"{path} exists and is not a socket: move it away, or give --status-socket "
+                "another path"
+            )
         os.unlink(path)  # a stale socket of an agent that died
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:

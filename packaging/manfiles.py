@@ -1,0 +1,248 @@
+"""exitwatch-files(5): the formats of the files a runner and the agent write for each other
+and for people: the workdir marker, the on-death hook, the audit log and the status
+document. Their constants come from the code; the prose says what docs/contract.md,
+docs/hooks.md and docs/operations.md say, for a host that has only the package."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from mansource import esc, header
+
+from exitwatch.agent.record import Reap
+from exitwatch.contract import (
+    HOOK_DIR,
+    HOOK_FILE,
+    HOOK_MAX_BYTES,
+    HOOK_MAX_TIMEOUT,
+    JSON_MAX_DEPTH,
+    MARKER,
+    MARKER_MAX_BYTES,
+)
+from exitwatch.service.config import Config
+from exitwatch.service.status.build import SCHEMA
+
+# The keys of a hook file, each with what it holds (contract.hook_problem checks them).
+HOOK_KEYS = {
+    "owner": "the owner, a string (see OWNERS)",
+    "argv": "the command and its arguments: a non\\-empty array of strings, the first not "
+    "empty, none with a NUL",
+    "cwd": 'the directory to run in: an absolute path, or "" for HOME',
+    "env": 'what to add to the environment: an object of NAME: "value" strings',
+    "timeout": f"seconds before the command is killed: a number in (0, {HOOK_MAX_TIMEOUT:g}]",
+    "created": "when it was registered: unix time, a number",
+}
+
+# What each field of an audit line (and of a "reaps" item of the status document) holds.
+REAP_FIELDS = {
+    "time": "unix time of the removal or refusal",
+    "what": 'what it was about, for people: "container ID (NAME)", "workdir PATH", ...',
+    "kind": "container, network, volume, workdir, hook or process",
+    "owner": "its owner",
+    "death": 'how the owner died: "killed by SIGKILL (process gone)", "boot id differs '
+    '(host rebooted)", ...',
+    "latency_ms": "milliseconds from the owner's death being noticed to this line",
+    "result": 'what happened: "removed", "already gone", or why not',
+    "ok": "true when it is gone",
+    "refused": "true when a safety check left it alone",
+    "dry_run": "true when nothing was removed (--dry-run)",
+}
+
+STATUS_KEYS = {
+    "schema": f"{SCHEMA}",
+    "agent": "version, pid, started_at (unix time), uptime_s, source, source_reason, "
+    "dry_run, config (every setting); null when no agent answers",
+    "docker": "endpoint, connected, reconnects, last_error",
+    "workdirs": "discovery: how workdirs are followed (inotify, or rescans and why); "
+    "running agent only",
+    "processes": "the leftover\\-process rescans: interval_s, rescans, failures, failing "
+    "(failures in a row now), last_error; absent with [processes] enabled = false",
+    "owners": "live owners, each with owner, pid, name (what the owner is, such as "
+    '"container NAME" for one exitwatch adopt found, or null), containers (id, name, '
+    "project), workdirs, hooks (ID: COMMAND) and processes",
+    "pending": "dead owners' resources not yet removed: owner, death, what; for a running "
+    "agent also kind, attempt (of reap_attempts), state (removing, waiting for a slot, "
+    "waiting to retry, or given up until the resource goes) and retry_in_s",
+    "busy": "why owners and pending are empty: the agent's loop did not answer within a "
+    "second; running agent only",
+    "reaps": "recent removals and refusals, each with the fields of an audit line",
+    "counters": "exits_seen, exit_hints, events_lost, resyncs, removal_errors, refusals, "
+    "gave_up, hook_runs, hook_failures, hook_timeouts, reconciles, reconcile_missed, "
+    "reconcile_errors, reaped_KIND",
+    "reconcile": "interval_s, running, next_in_s, last (at, run, and for a periodic one "
+    "took_s, listed, missed, orphaned, errors); running agent only",
+    "skipped_markers": "how many unreadable markers the scan skipped; no agent only",
+    "not_listed": "what the scan could not list, one line each; no agent only",
+}
+
+
+def _tagged(items: dict[str, str]) -> list[str]:
+    out = []
+    for key, what in items.items():
+        out += [".TP", f".B {esc(key)}", what]
+    return out
+
+
+DESCRIPTION = r"""
+A runner and the agent,
+.BR exitwatch (8),
+speak through a few small files: a marker names a workdir's owner, a hook file a command to
+run once its owner is dead. The agent writes what it did to an audit log, and answers
+.B exitwatch status
+with one JSON document. This page gives their formats.
+"""
+
+OWNER = r"""
+Every file names its owner, one process, the same way:
+.PP
+.EX
+\fIboot_id\fR:\fIpid\fR:\fIstarttime\fR
+.EE
+.PP
+.I boot_id
+is /proc/sys/kernel/random/boot_id (a lowercase UUID),
+.I pid
+the process's pid as the host sees it, and
+.I starttime
+field 22 of /proc/\fIpid\fR/stat, its start in clock ticks since boot: a reused pid is not
+the same owner, and a reboot makes every earlier owner dead. At most 128 characters.
+.B exitwatch labels
+prints one (so does exitwatch.owner_labels() in Python); inside a container, whose pids are
+not the host's, no owner can be named (see
+.BR exitwatch\-adopt (8)).
+An owner is alive while its boot id is the current one, /proc/\fIpid\fR/stat exists with
+the same start time, and it is not a zombie; a malformed owner is never taken for dead.
+"""
+
+MARKER_TEXT = rf"""
+A workdir is a directory holding a file
+.B {esc(MARKER)}
+directly inside it, written by
+.B exitwatch mark
+or exitwatch.mark_workdir(): a JSON object with a string
+.BR owner ,
+at most {MARKER_MAX_BYTES} bytes of UTF\-8, nesting at most {JSON_MAX_DEPTH} deep; other
+keys are ignored.
+.PP
+.EX
+{{"owner": "b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187"}}
+.EE
+.PP
+Workdirs are looked for under
+.B roots
+of the
+.B [workdirs]
+table (default /tmp and /var/tmp), at most its
+.B depth
+levels down
+.RB ( exitwatch.toml (5)).
+One goes once its owner is dead, and only if the marker and the directory belong to the
+same user (or the marker to root), the marker has a single link, and the directory is not
+a root itself; removal never follows a symlink nor crosses a mount point. Such a marker
+claims everything below its directory. Inside it, a nested workdir of a live other owner
+stays, with the outer marker, and the removal is refused until that owner is dead too. A
+malformed marker is skipped with a warning.
+"""
+
+HOOK_TEXT = rf"""
+A hook is a directory
+.IR SPOOL / ID /
+holding one file,
+.BR {esc(HOOK_FILE)} .
+The spool is {esc(HOOK_DIR)} (the agent's
+.BR "[hooks] dir" ;
+EXITWATCH_HOOK_DIR for
+.BR "exitwatch on\-death" ),
+root's, mode 1733: anyone adds, only root lists.
+.I ID
+is 32 lowercase hex digits. The directory is its writer's, mode 0700, and the file its
+writer's too, mode 0600, at most {HOOK_MAX_BYTES} bytes: a JSON object with exactly these
+keys:
+"""
+
+HOOK_AFTER = r"""
+.PP
+.EX
+{"owner": "b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187",
+ "argv": ["curl", "\-fsS", "\-X", "DELETE", "https://api.example/sandboxes/42"],
+ "cwd": "/home/ann", "env": {}, "timeout": 60.0, "created": 1764550000.0}
+.EE
+.PP
+.B exitwatch on\-death
+writes it under a dot name and renames the directory into place whole; a name starting
+with a dot is never read. Once the owner is dead, the agent runs argv as the user who owns
+the directory (and the file), in cwd, with PATH, HOME, USER, LANG, then env, then
+EXITWATCH_DEAD_OWNER and EXITWATCH_DEATH; it removes the hook once the command exits 0, and
+otherwise tries it again like any failed removal
+.RB ( reap_attempts ).
+An entry that is a symlink, has another owner's file, or is writable by others, is refused
+with a warning and never run.
+"""
+
+AUDIT_TEXT = r"""
+One JSON object a line, appended for every removal and every refusal by the agent and by
+.BR "exitwatch reap" ,
+mode 0600, rotated when it passes
+.B audit_max_bytes
+(one older file,
+.IR .1 ,
+is kept). Its fields:
+"""
+
+AUDIT_AFTER = r"""
+.TP
+.B extra
+present where the kind has more to say: a hook's run adds
+.B hook
+(argv0, uid, returncode (negative: killed by that signal), timed_out, seconds,
+output_tail); a workdir left in place adds
+.B left
+(what stayed, and why); a network or volume adds its
+.BR id .
+.PP
+.B exitwatch status \-\-since
+reads it back.
+"""
+
+STATUS_TEXT = r"""
+.B exitwatch status \-\-json
+prints one JSON object: the running agent's answer on its status socket, or, with no agent
+(exit status 3), a one\-shot scan's. Its keys:
+"""
+
+
+def exitwatch_files_5() -> str:
+    out = [
+        header("exitwatch-files", 5, "File Formats"),
+        ".SH NAME",
+        "exitwatch\\-files \\- the workdir marker, the on\\-death hook, the audit log and "
+        "the status document of exitwatch",
+        ".SH SYNOPSIS",
+        f".IR WORKDIR /{esc(MARKER)}",
+        ".br",
+        f".IR {esc(HOOK_DIR)}/ ID /{esc(HOOK_FILE)}",
+        ".br",
+        f".I {esc(Config.audit_log)}",
+        ".br",
+        ".B exitwatch status \\-\\-json",
+        ".SH DESCRIPTION",
+        DESCRIPTION.strip(),
+        ".SH OWNERS",
+        OWNER.strip(),
+        ".SH WORKDIR MARKER",
+        MARKER_TEXT.strip(),
+        ".SH ON-DEATH HOOK",
+        HOOK_TEXT.strip(),
+        *_tagged(HOOK_KEYS),
+        HOOK_AFTER.strip(),
+        ".SH AUDIT LOG",
+        AUDIT_TEXT.strip(),
+        *_tagged({f.name: REAP_FIELDS[f.name] for f in fields(Reap)}),
+        AUDIT_AFTER.strip(),
+        ".SH STATUS DOCUMENT",
+        STATUS_TEXT.strip(),
+        *_tagged(STATUS_KEYS),
+        ".SH SEE ALSO",
+        "exitwatch(8), exitwatch.toml(5), exitwatch\\-run(1), exitwatch\\-adopt(8)",
+    ]
+    return "\n".join(out) + "\n"

@@ -28,12 +28,16 @@ EXPECTED = (
 )
 
 
+# What a URL taken from the environment adds to its error: where it came from, and what to do.
+FROM_ENV = f" (from {ENV}: unset it, or point it at the engine's unix:// socket)"
+
+
 class EndpointError(ValueError):
     """A URL that names no engine exitwatch speaks to; one line: what it expected, and the
     URL given. Callers put first where the URL came from (a setting, DOCKER_HOST)."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(f"expected {EXPECTED}, got {url!r}")
+    def __init__(self, url: str, whence: str = "") -> None:
+        super().__init__(f"expected {EXPECTED}, got {url!r}{whence}")
         self.url = url
 
 
@@ -95,7 +99,11 @@ def chosen(*settings: str | None, env: Mapping[str, str] = os.environ) -> Endpoi
     for url in settings:
         if url:
             return Endpoint.parse(url)
-    return Endpoint.parse(env.get(ENV, "").strip() or DEFAULT_URL)
+    url = env.get(ENV, "").strip() or DEFAULT_URL
+    try:
+        return Endpoint.parse(url)
+    except EndpointError:
+        raise EndpointError(url, FROM_ENV) from None
 
 
 def served(path: str) -> str:

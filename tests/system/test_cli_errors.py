@@ -54,7 +54,7 @@ def test_a_remote_engine_from_the_environment_is_refused(tmp_path):
     assert done.returncode != 0
     assert done.stderr.strip() == (
         f"Error: containers.docker_host: expected {url.EXPECTED}, got 'tcp://10.0.0.5:2375'"
-        " (from DOCKER_HOST: unset it, or set this key)"
+        f"{url.FROM_ENV}"
     )
 
 

@@ -188,8 +188,8 @@ def test_a_dry_run_removes_nothing(fake, kind, dead):
         ([refused(400, "bad parameter")], 1, False, "bad parameter (HTTP 400)"),
         ([refused(409, "removal in progress")], 2, True, "removed"),
         ([refused(500, "disk full")], 2, True, "removed"),
-        ([refused(500, "disk full")] * 3, 3, False, "disk full (HTTP 500)"),
-        ([TimeoutError("timed out")] * 3, 3, False, "timed out"),
+        ([refused(500, "disk full")] * 3, 3, False, "disk full (HTTP 500), after 3 tries"),
+        ([TimeoutError("timed out")] * 3, 3, False, "timed out, after 3 tries"),
         ([ConnectionRefusedError(111, "Connection refused")], 2, True, "removed"),
     ],
 )

@@ -19,6 +19,7 @@ from exitwatch.adopt import service as adopt_service
 from exitwatch.adopt.service import AdoptError
 from exitwatch.cli import cli
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_MAX_BYTES
+from exitwatch.engine import url
 from exitwatch.owner import PID_MAX
 from exitwatch.run import cli as runner_cli
 from exitwatch.service.metrics import Metrics, MetricsError
@@ -175,9 +176,8 @@ def test_a_remote_engine_from_the_environment_says_where_it_came_from(as_root, t
         env={"DOCKER_HOST": "tcp://10.0.0.5:2375"},
     )
     assert said == (
-        "containers.docker_host: expected a local engine's unix:// socket (owners are "
-        "processes of this host), got 'tcp://10.0.0.5:2375' from DOCKER_HOST: unset it, or "
-        "set this key"
+        f"containers.docker_host: expected {url.EXPECTED}, got 'tcp://10.0.0.5:2375'"
+        " (from DOCKER_HOST: unset it, or point it at the engine's unix:// socket)"
     )
 
 
@@ -186,8 +186,8 @@ def test_adopt_with_a_remote_engine_says_to_point_at_a_socket(as_root, tmp_path)
         ["adopt", "--config", _empty(tmp_path), "--listen", str(tmp_path / "a.sock")],
         env={"DOCKER_HOST": "tcp://10.0.0.5:2375"},
     )
-    assert said.startswith("DOCKER_HOST=tcp://10.0.0.5:2375: only an engine on a unix socket")
-    assert "point DOCKER_HOST at the engine's unix:// socket, or unset it" in said
+    assert said.startswith("DOCKER_HOST: expected a local engine's unix:// socket")
+    assert said.endswith("(from DOCKER_HOST: unset it, or point it at the engine's unix:// socket)")
 
 
 def _empty(tmp_path: Path) -> str:
@@ -303,7 +303,7 @@ def test_adopts_socket_says_what_to_do_where_it_cannot_listen(tmp_path: Path) ->
             listening.bind_fresh(served.path)
         assert str(err.value).endswith("; left alone: stop it, or listen elsewhere (--listen)")
         with pytest.raises(AdoptError) as loop:
-            adopt_service._not_itself(served, served.path)
+            adopt_service._not_itself(served, url.Endpoint.parse(f"unix://{served.path}"))
         assert str(loop.value) == (
             f"the engine socket {served.path} is the socket served: it would loop; name the "
             "engine's own socket ([adopt] docker_host, or --docker-host)"

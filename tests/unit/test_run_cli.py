@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from exitwatch.engine import url
+
 from support.wrapper import env_for, run
 
 
@@ -27,7 +29,8 @@ def test_an_engine_that_is_not_a_unix_socket_is_refused(bases, tmp_path) -> None
     assert done.returncode == 125
     said = "DOCKER_HOST: expected a local engine's unix:// socket"
     assert done.stderr.count("\n") == 1 and said in done.stderr
-    assert done.stderr.rstrip().endswith("got 'tcp://127.0.0.1:2375'"), done.stderr
+    said = f"got 'tcp://127.0.0.1:2375'{url.FROM_ENV}"
+    assert done.stderr.rstrip().endswith(said), done.stderr
     assert not (tmp_path / "ran").exists()
     assert list(bases.iterdir()) == []
 

@@ -39,8 +39,7 @@ def _make(settings: Settings) -> Containers:
     try:
         return Containers(settings.docker_host, concurrency=settings.concurrency)
     except url.EndpointError as err:
-        whence = "" if settings.docker_host else " (from DOCKER_HOST: unset it, or set this key)"
-        raise ValueError(f"docker_host: {err}{whence}") from None
+        raise ValueError(f"docker_host: {err}") from None
 
 
 def _health_lines(docker: dict) -> list[str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 PROC = "/proc"
 # Inode numbers of the initial namespaces (PROC_PID_INIT_INO and its siblings).
 HOST_NAMESPACES = {"pid": 0xEFFFFFFC, "user": 0xEFFFFFFD, "time": 0xEFFFFFFA}
+PF_EXITING = 0x4  # a task in do_exit() (include/linux/sched.h)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,26 @@ def thread_ids(pid: int, proc: str = PROC) -> list[int]:
         return [int(tid) for tid in os.listdir(f"{proc}/{pid}/task")]
     except (FileNotFoundError, ProcessLookupError) as err:
         raise ProcessLookupError(pid) from err
+
+
+def exiting(pid: int, tid: int | None = None, proc: str = PROC) -> bool:
+    """Whether the task has entered do_exit() (PF_EXITING); a vanished one has."""
+    try:
+        return read_stat(pid, proc, tid=tid).flags & PF_EXITING != 0
+    except ProcessLookupError:
+        return True
+
+
+def group_exiting(pid: int, proc: str = PROC) -> bool:
+    """Whether every thread of `pid` is in do_exit(): its last one may be past the point
+    where an exit is reported."""
+    if not exiting(pid, proc=proc):
+        return False
+    try:
+        tids = thread_ids(pid, proc)
+    except ProcessLookupError:
+        return True
+    return all(exiting(pid, tid, proc) for tid in tids)
 
 
 def namespace(pid: int | str, name: str, proc: str = PROC) -> int | None:

@@ -381,10 +381,15 @@ class Agent:
         return counters
 
     def gauges(self) -> Gauges:
-        periodic = self._periodic
-        return gauges(
-            self.index, self._removals.jobs(), self.kinds, periodic.last, periodic.interval
-        )
+        jobs = self._removals.jobs()
+        # Only kinds whose long removal says something hangs (not hooks): that is what
+        # the oldest-pending gauge is watched for.
+        aging = [job.at for job in jobs if job.kind.ages_pending]
+        # Every kind, held or not: a series that appears only once a kind holds
+        # something reads "no data" on a dashboard or to an alert until then.
+        held = dict.fromkeys(self.kinds, 0) | dict(+self.index.counts)
+        last = self._periodic.last.at if self._periodic.last else None
+        return gauges(len(self.index), held, len(jobs), aging, last, self._periodic.interval)
 
     @property
     def periodic(self) -> Periodic:

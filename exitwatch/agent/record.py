@@ -7,18 +7,13 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from exitwatch.agent.audit import AuditLog
 from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner
-
-if TYPE_CHECKING:  # only named here: both import this module
-    from exitwatch.agent.index import Index
-    from exitwatch.agent.reconcile import Last
-    from exitwatch.agent.removals import Job
 
 log = logging.getLogger("exitwatch.reap")
 
@@ -123,22 +118,21 @@ class Gauges(TypedDict):
 
 
 def gauges(
-    index: Index, jobs: Sequence[Job], kinds: Iterable[str], last: Last | None, interval: float
+    owners: int,
+    held: dict[str, int],
+    pending: int,
+    aging: Sequence[float],
+    last_at: float | None,
+    interval: float,
 ) -> Gauges:
-    """The gauges of the agent's loop: what its index holds, its removal jobs, and its
-    last reconcile. Called on the loop's thread (Agent.ask)."""
+    """The gauges of the agent's loop, from what it counts: `aging` are the times (monotonic)
+    the owners of the removals watched for hanging died, `last_at` when the last reconcile
+    ended."""
     return {
-        "owners": len(index),
-        # Every kind, held or not: a series that appears only once a kind holds
-        # something reads "no data" on a dashboard or to an alert until then.
-        "resources": dict.fromkeys(kinds, 0) | dict(+index.counts),
-        "pending": len(jobs),
-        # Only kinds whose long removal says something hangs (not hooks): that is what
-        # this gauge is watched for.
-        "oldest_pending": max(
-            (time.monotonic() - job.at for job in jobs if job.kind.ages_pending),
-            default=0.0,
-        ),
-        "last_reconcile": round(last.at, 3) if last else 0,
+        "owners": owners,
+        "resources": held,
+        "pending": pending,
+        "oldest_pending": max((time.monotonic() - at for at in aging), default=0.0),
+        "last_reconcile": round(last_at, 3) if last_at is not None else 0,
         "reconcile_interval": interval,
     }

@@ -38,7 +38,6 @@ DEFAULT_RING_BYTES = 1 << 18
 
 _EVENT = struct.Struct("=IIQ")  # struct event in exitwatch.bpf.c: tgid, status, start ns
 _NSEC_PER_SEC = 1_000_000_000
-_PF_EXITING = 0x4  # include/linux/sched.h
 # The program runs in do_exit() before the group turns zombie, so /proc may still call
 # it alive for a moment. Such a hint is held and re-checked, quickly at first.
 _FIRST_RECHECK = 0.001
@@ -125,12 +124,7 @@ class EbpfSource(Source):
             self._lib = lib = Libbpf()
         except OSError as err:
             raise SourceError(f"libbpf 1.x not found ({err}): install libbpf1") from None
-        if not os.path.isfile(self.obj_path):
-            raise SourceError(
-                f"eBPF object {self.obj_path} is missing: install the exitwatch-bpf package "
-                "(from a checkout: make bpf)"
-            )
-        _check_byte_order(self.obj_path)
+        _check_object(self.obj_path)
         try:
             self._obj = lib.open_object(self.obj_path)
             watched = lib.find_map(self._obj, "watched")
@@ -346,37 +340,21 @@ def _verdict(owner: Owner, sure: bool) -> str | None:
     try:
         if death(owner) is not None:
             return "dead"
-        return "exiting" if sure or _group_exiting(owner.pid) else "alive"
+        return "exiting" if sure or procfs.group_exiting(owner.pid) else "alive"
     except OSError:
         return None
 
 
-def _exiting(pid: int, tid: int | None = None) -> bool:
-    """Whether the task has entered do_exit() (PF_EXITING); a vanished one has."""
-    try:
-        return procfs.read_stat(pid, tid=tid).flags & _PF_EXITING != 0
-    except ProcessLookupError:
-        return True
-
-
-def _group_exiting(pid: int) -> bool:
-    """Whether every thread of `pid` is in do_exit(), so its last one may have passed the
-    program before the watch was armed."""
-    if not _exiting(pid):
-        return False
-    try:
-        tids = procfs.thread_ids(pid)
-    except ProcessLookupError:
-        return True
-    return all(_exiting(pid, tid) for tid in tids)
-
-
-def _check_byte_order(path: str) -> None:
-    """The committed object is little-endian bytecode (packaging/README.md); a big-endian
-    kernel would refuse it with an obscure error, so say it plainly."""
+def _check_object(path: str) -> None:
+    """The object is there, and of this host's byte order: the committed one is
+    little-endian bytecode (packaging/README.md), which a big-endian kernel would refuse
+    with an obscure error, so say it plainly."""
     try:
         with open(path, "rb") as f:
             ident = f.read(6)
+    except FileNotFoundError:
+        install = "install the exitwatch-bpf package (from a checkout: make bpf)"
+        raise SourceError(f"eBPF object {path} is missing: {install}") from None
     except OSError as err:
         raise SourceError(f"cannot read {path}: {err.strerror}") from None
     order = {b"\x01": "little", b"\x02": "big"}.get(ident[5:6]) if ident[:4] == b"\x7fELF" else None

@@ -287,12 +287,12 @@ def test_probe_says_why_it_cannot_run(tmp_path):
 
 def test_group_exiting_needs_every_thread_in_do_exit(children):
     live = owner_child(children)
-    assert not ebpf._group_exiting(live.pid)
+    assert not procfs.group_exiting(live.pid)
     zombie = procs.spawn_zombie()
     children.append(zombie)
-    assert ebpf._group_exiting(zombie.pid)
+    assert procfs.group_exiting(zombie.pid)
     two = procs.spawn_main_thread_exits_first()
     children.append(two)
     procs.exit_main_thread(two)
     wait_for(lambda: procfs.read_stat(two.pid).state == "Z", what="the main thread to exit")
-    assert not ebpf._group_exiting(two.pid)
+    assert not procfs.group_exiting(two.pid)

@@ -38,9 +38,11 @@ class Engine(Protocol):
         """containers(label), one at a time as the listing arrives."""
         ...
 
-    def events(self, since: str, label: str) -> Events:
-        """Create and destroy events of containers with `label`, from `since` (seconds
-        since the epoch, to the ns) on."""
+    def events(self, since: str, types: tuple[str, ...]) -> Events:
+        """Create and destroy events of the `types` ("container", "volume", "network"),
+        from `since` (seconds since the epoch, to the ns) on. Not filtered by label: the
+        engine's label filter reads an event's attributes, and those of a volume or a
+        network carry no labels (a container's carry all of its own)."""
         ...
 
     def inspect(self, cid: str) -> dict[str, Any]:
@@ -53,6 +55,10 @@ class Engine(Protocol):
 
     def networks(self, label: str) -> list[dict[str, Any]]: ...
 
+    def network(self, nid: str) -> dict[str, Any]:
+        """What the engine says of one network (`Name`, `Labels`, `Created`)."""
+        ...
+
     def users(self, kind: str, ident: str) -> list[dict[str, Any]]:
         """Every container, of any owner or none, running or not, that uses network or
         volume `ident` (`kind` is "network" or "volume")."""
@@ -61,6 +67,10 @@ class Engine(Protocol):
     def remove_network(self, nid: str) -> None: ...
 
     def volumes(self, label: str) -> list[dict[str, Any]]: ...
+
+    def volume(self, name: str) -> dict[str, Any]:
+        """What the engine says of one volume (`Name`, `Labels`)."""
+        ...
 
     def remove_volume(self, name: str) -> None: ...
 

@@ -95,9 +95,10 @@ class Client:
             finally:
                 stream.close()
 
-    def events(self, since: str, label: str) -> Events:
-        """Create and destroy events of containers with `label`, from `since` on."""
-        filters = _filters(type="container", label=label, event=["create", "destroy"])
+    def events(self, since: str, types: tuple[str, ...]) -> Events:
+        """Create and destroy events of the `types`, from `since` on (no label filter: a
+        volume's or network's events carry no labels for it to match)."""
+        filters = _filters(type=list(types), event=["create", "destroy"])
         url = self._url("/events", since=since, filters=filters)
         return Events(Stream(self._endpoint, url, self._timeout, endless=True))
 
@@ -112,6 +113,9 @@ class Client:
     def networks(self, label: str) -> list[dict[str, Any]]:
         return self._get("/networks", filters=_filters(label=label))
 
+    def network(self, nid: str) -> dict[str, Any]:
+        return self._get(f"/networks/{quote(nid, safe='')}")
+
     def users(self, kind: str, ident: str) -> list[dict[str, Any]]:
         """Every container, of any owner or none, running or not, that uses network or
         volume `ident` (`kind` is "network" or "volume")."""
@@ -122,6 +126,9 @@ class Client:
 
     def volumes(self, label: str) -> list[dict[str, Any]]:
         return self._get("/volumes", filters=_filters(label=label)).get("Volumes") or []
+
+    def volume(self, name: str) -> dict[str, Any]:
+        return self._get(f"/volumes/{quote(name, safe='')}")
 
     def remove_volume(self, name: str) -> None:
         self._delete(f"/volumes/{quote(name, safe='')}")

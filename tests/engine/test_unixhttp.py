@@ -84,6 +84,8 @@ def test_each_listing_filters_as_the_sdk_does(engine, api):
     assert api.containers(label) == sdk.containers(all=True, filters={"label": label})
     assert [n["Id"] for n in api.networks(label)] == [net]
     assert [v["Name"] for v in api.volumes(label)] == [vol]
+    assert api.network(net)["Labels"] == api.volume(vol)["Labels"] == {LABEL_OWNER: mark}
+    assert api.network(net) == sdk.inspect_network(net)
     for kind, ident in (("network", net), ("volume", vol)):
         users = api.users(kind, ident)
         assert [c["Id"] for c in users] == [on_net]
@@ -98,7 +100,7 @@ def test_each_listing_filters_as_the_sdk_does(engine, api):
 
 def test_the_events_stream_follows_and_ends_when_closed(engine, api):
     since = f"{time.time():.9f}"
-    events = api.events(since, LABEL_OWNER)
+    events = api.events(since, ("container", "volume"))
     seen: list[dict] = []
     ended = threading.Event()
 
@@ -110,12 +112,15 @@ def test_the_events_stream_follows_and_ends_when_closed(engine, api):
     reader = threading.Thread(target=follow)
     reader.start()
     try:
-        # Only labelled containers' creates and destroys come.
-        container(engine, labels={})
+        # Only the creates and destroys of the types asked for come, labelled or not; a
+        # container's carry its labels, a volume's none (so the kind inspects it).
         cid = container(engine, labels={LABEL_OWNER: "x"})
+        vol = engine.client.volumes.create(labels={LABEL_OWNER: "x"}).name
         engine.client.api.remove_container(cid, force=True)
-        wait_for(lambda: [e["Action"] for e in seen] == ["create", "destroy"], what="2 events")
-        assert {e["Actor"]["ID"] for e in seen} == {cid}
+        engine.client.api.remove_volume(vol)
+        order = [("create", cid), ("create", vol), ("destroy", cid), ("destroy", vol)]
+        wait_for(lambda: [(e["Action"], e["Actor"]["ID"]) for e in seen] == order, what="4")
+        assert seen[0]["Actor"]["Attributes"][LABEL_OWNER] == "x"
     finally:
         events.close()
         assert ended.wait(5), "closing the stream did not end its reader"

@@ -1,7 +1,8 @@
 """An engine in memory: exitwatch.engine.api.Engine, the docker kind's narrow interface, and
 api.Proxying, the labelling proxy's, as Ryuk's tests fake its dockerClient. Containers
-with labels (compose's among them), networks and volumes, the events of labelled
-containers, and ways to fail: refuse every connection (down), queue errors for a call (a
+with labels (compose's among them), networks and volumes, their create and destroy events
+(a container's with its labels, a network's or volume's without, as the engine sends
+them), and ways to fail: refuse every connection (down), queue errors for a call (a
 refusal with a status, a 404, a timeout), or make a call slow. It answers as the real
 engine does where the kind's rules depend on it: a 404 for what is gone, 403 for a network
 with containers on it, 409 for a volume in use, the label filters, the users of a network
@@ -46,10 +47,11 @@ def _matches(labels: Mapping[str, str], label: str) -> bool:
 
 
 class FakeEvents:
-    """One subscriber's events stream: what the engine says from now on, until close()."""
+    """One subscriber's events stream: what the engine says of `types` from now on, until
+    close()."""
 
-    def __init__(self, label: str) -> None:
-        self.label = label
+    def __init__(self, types: tuple[str, ...]) -> None:
+        self.types = types
         self._queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
 
     def put(self, event: dict[str, Any]) -> None:
@@ -113,6 +115,7 @@ class FakeEngine:
     def add_network(
         self, name: str, labels: Mapping[str, str] | None = None, created: float | None = None
     ) -> str:
+        """A network; its id. Subscribers hear of its creation, without its labels."""
         nid = f"{next(_ids):064x}"
         with self._lock:
             self.networks_[nid] = {
@@ -121,11 +124,14 @@ class FakeEngine:
                 "Labels": dict(labels or {}),
                 "Created": engine_time(created),
             }
+        self._say("network", nid, "create", {"name": name, "type": "bridge"})
         return nid
 
     def add_volume(self, name: str, labels: Mapping[str, str] | None = None) -> str:
+        """A volume; its name. Subscribers hear of its creation, without its labels."""
         with self._lock:
             self.volumes_[name] = {"Name": name, "Labels": dict(labels or {})}
+        self._say("volume", name, "create", {"driver": "local"})
         return name
 
     def fail(self, call: str, *errors: BaseException) -> None:
@@ -162,9 +168,9 @@ class FakeEngine:
     def each_container(self, label: str) -> Iterator[dict[str, Any]]:
         yield from self.containers(label)
 
-    def events(self, since: str, label: str) -> FakeEvents:
-        with self._answer("events", label):
-            stream = FakeEvents(label)
+    def events(self, since: str, types: tuple[str, ...]) -> FakeEvents:
+        with self._answer("events", ",".join(types)):
+            stream = FakeEvents(types)
             self._streams.append(stream)
             return stream
 
@@ -183,6 +189,12 @@ class FakeEngine:
         with self._answer("networks", label):
             return [dict(n) for n in self.networks_.values() if _has(n, label)]
 
+    def network(self, nid: str) -> dict[str, Any]:
+        with self._answer("network", nid):
+            if nid not in self.networks_:
+                raise refused(404, f"network {nid} not found")
+            return dict(self.networks_[nid])
+
     def users(self, kind: str, ident: str) -> list[dict[str, Any]]:
         with self._answer("users", ident):
             key = {"network": "networks", "volume": "volumes"}[kind]
@@ -196,6 +208,12 @@ class FakeEngine:
         with self._answer("volumes", label):
             return [dict(v) for v in self.volumes_.values() if _has(v, label)]
 
+    def volume(self, name: str) -> dict[str, Any]:
+        with self._answer("volume", name):
+            if name not in self.volumes_:
+                raise refused(404, f"get {name}: no such volume")
+            return dict(self.volumes_[name])
+
     def remove_volume(self, name: str) -> None:
         self._remove("volume", name, 409, "volume is in use")
 
@@ -208,7 +226,9 @@ class FakeEngine:
                 raise refused(404, f"no such {kind}: {ident}")
             if any(ident in c[f"{kind}s"] for c in self.containers_.values()):
                 raise refused(busy, f"{ident}: {why}")
-            del items[ident]
+            name = items.pop(ident)["Name"]
+        attributes = {"name": name, "type": "bridge"} if kind == "network" else {"driver": "local"}
+        self._say(kind, ident, "destroy", attributes)
 
     def close(self) -> None:
         self._call("close", "")
@@ -220,7 +240,10 @@ class FakeEngine:
     ) -> None:
         """As the engine does: a volume that exists already stays as it is, labels and all."""
         with self._answer("create_volume", name):
+            new = name not in self.volumes_
             self.volumes_.setdefault(name, {"Name": name, "Labels": dict(labels)})
+        if new:
+            self._say("volume", name, "create", {"driver": driver})
 
     # -- inside ------------------------------------------------------------------------------
 
@@ -253,16 +276,20 @@ class FakeEngine:
 
     def _tell(self, cid: str, action: str, c: dict[str, Any] | None = None) -> None:
         c = c or self.containers_[cid]
+        self._say("container", cid, action, {**c["Labels"], "name": c["Names"][0][1:]})
+
+    def _say(self, type_: str, ident: str, action: str, attributes: dict[str, str]) -> None:
+        """An event to every subscriber that follows `type_`."""
         event = {
-            "Type": "container",
+            "Type": type_,
             "Action": action,
-            "Actor": {"ID": cid, "Attributes": {**c["Labels"], "name": c["Names"][0][1:]}},
+            "Actor": {"ID": ident, "Attributes": attributes},
             "timeNano": time.time_ns(),
         }
         with self._lock:
             streams = list(self._streams)
         for stream in streams:
-            if _matches(c["Labels"], stream.label):
+            if type_ in stream.types:
                 stream.put(event)
 
 

@@ -10,12 +10,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypedDict
 
-from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
+from exitwatch.contract import LABEL_OWNER, kept
 from exitwatch.engine import api
 from exitwatch.engine.client import ENGINE_ERRORS, Client
-from exitwatch.engine.errors import describe
+from exitwatch.engine.errors import NotFound, describe
 from exitwatch.engine.url import Endpoint, chosen
 from exitwatch.kinds.base import (
+    Change,
     Found,
     Gone,
     Notify,
@@ -26,14 +27,24 @@ from exitwatch.kinds.base import (
     Unavailable,
 )
 from exitwatch.kinds.discovery import Discovery, stopped, wait
-from exitwatch.kinds.docker import compose, networks
+from exitwatch.kinds.docker import compose, networks, projects
 from exitwatch.kinds.docker.attempts import EngineError, attempt, name_of
-from exitwatch.kinds.docker.labels import carries, owner_from, resource_of
-from exitwatch.owner import Owner, death
+from exitwatch.kinds.docker.labels import (
+    CONTAINER,
+    NETWORK,
+    VOLUME,
+    key_of,
+    other_of,
+    resource_of,
+    split,
+)
+from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
 
 KIND = "container"
+# What the events stream follows: the kind's three types of resource.
+TYPES = (CONTAINER, VOLUME, NETWORK)
 
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 # Engine calls of removals at once (Config.engine_concurrency), over every removal job of
@@ -45,15 +56,15 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events 
 SINCE_MARGIN_NS = 100_000_000
 
 
-def _container(cid: str, name: str, project: str | None) -> dict[str, Any]:
-    """What an Outcome says of one container: the words for people, and the audit's ids."""
-    extra = {"id": cid, "project": project}
-    return {"what": f"container {cid[:12]} ({name})", "kind": KIND, "extra": extra}
+_container = projects.container
 
 
 def _snapshot(engine: api.Engine) -> Snapshot:
+    """Every labelled container, network and volume now, as resources of the kind."""
     listed = engine.each_container(LABEL_OWNER)
-    found = (resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
+    found = [resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed]
+    found += [other_of(KIND, NETWORK, n) for n in engine.networks(LABEL_OWNER)]
+    found += [other_of(KIND, VOLUME, v) for v in engine.volumes(LABEL_OWNER)]
     return Snapshot(KIND, tuple(r for r in found if r is not None))
 
 
@@ -207,7 +218,7 @@ class Containers(ResourceKind):
     def _follow(self, engine: api.Engine, notify: Notify, stop_fd: int) -> None:
         """Subscribe first, then report a Snapshot, then each event until the stream ends."""
         since = self._since or _ns_time(time.time_ns() - SINCE_MARGIN_NS)
-        stream = engine.events(since, LABEL_OWNER)
+        stream = engine.events(since, TYPES)
         with self._lock:
             # A stop asked for before the stream was kept here found none to close.
             if stopped(stop_fd):
@@ -222,51 +233,59 @@ class Containers(ResourceKind):
         self._followed, self._down, self.connected = True, False, True
         for event in stream:
             if isinstance(event, dict):
-                self._on_event(event, notify)
+                self._on_event(engine, event, notify)
 
-    def _on_event(self, event: dict[str, Any], notify: Notify) -> None:
+    def _on_event(self, engine: api.Engine, event: dict[str, Any], notify: Notify) -> None:
         nano = event.get("timeNano")
         if isinstance(nano, int):
             # Resume just after it: `since` includes events of that very nanosecond.
             self._since = _ns_time(nano + 1)
-        actor = event.get("Actor") or {}
-        cid, labels = actor.get("ID"), actor.get("Attributes") or {}
-        if not cid or kept(labels):
-            return
-        if event.get("Action") == "destroy":
-            notify(Gone(self.kind, cid))
-        elif event.get("Action") == "create":
-            r = resource_of(KIND, cid, labels.get("name", ""), labels)
-            if r is not None:
-                with self._lock:
-                    self._seen.setdefault(r.owner, compose.boot_time())
-                notify(Found(r))
+        change = _change(engine, event)
+        if isinstance(change, Found):
+            with self._lock:
+                self._seen.setdefault(change.resource.owner, compose.boot_time())
+        if change is not None:
+            notify(change)
 
     # -- removal -------------------------------------------------------------------------------
 
     def refused(self, res: Resource, why: str) -> Outcome:
+        type_, ident = split(res.key)
+        if type_ != CONTAINER:
+            extra = {"id": ident, "project": res.group}
+            return Outcome.refusal(res.name, type_, why, key=res.key, extra=extra)
         return Outcome.refusal(why=why, key=res.key, **_container(res.key, res.name, res.group))
+
+    def what(self, res: Resource) -> str:
+        type_, ident = split(res.key)
+        return res.name if type_ != CONTAINER else f"container {ident[:12]} ({res.name})"
 
     def remove(
         self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
     ) -> list[Outcome]:
-        """Compose projects go as a whole (see _plan_project); networks and volumes once no
-        container uses them (networks.py)."""
+        """Its containers first, compose projects as a whole (projects.py); then the
+        networks and volumes, its own and its whole projects', once no container uses them
+        (networks.py). A job may hold no container: networks and volumes carry owners too,
+        and one whose containers went before it (`compose down` without -v) left them."""
         outcomes = [
             self.refused(r, f"owned by {r.owner}, not {owner}")
             for r in resources
             if r.owner != owner
         ]
         mine = [r for r in resources if r.owner == owner]
+        boxes = [r for r in mine if split(r.key)[0] == CONTAINER]
         # id -> (name, project): everything that goes, decided before anything is removed.
         doomed: dict[str, tuple[str, str | None]] = {
-            r.key: (r.name, None) for r in mine if r.group is None
+            r.key: (r.name, None) for r in boxes if r.group is None
         }
         whole = []
-        projects = sorted({r.group for r in mine if r.group is not None})
-        for project in projects:
-            given = [r for r in mine if r.group == project]
-            targets, is_whole, said = self._plan_project(owner, project, given)
+        since = compose.started_at(owner, self._seen_boot(owner))
+        # A project of its networks and volumes alone is judged too: one whose containers
+        # remain (a live owner's, an unlabelled production one's) keeps them.
+        groups = sorted({r.group for r in mine if r.group is not None})
+        for project in groups:
+            given = [r for r in boxes if r.group == project]
+            targets, is_whole, said = projects.plan(self._engine, owner, project, given, since)
             outcomes += said
             doomed.update((cid, (name, project)) for cid, name in targets.items())
             if is_whole:
@@ -283,94 +302,11 @@ class Containers(ResourceKind):
 
         if doomed:
             outcomes += self._removers.map(one, doomed.items())
-        since = compose.started_at(owner, self._seen_boot(owner))
+        keys = {r.key for r in mine}
         for project in whole:
-            outcomes += networks.of_project(self._engine, project, since, dry_run)
-        held = {p for p in projects if p not in whole}
-        return outcomes + networks.labelled(self._engine, owner, dry_run, outcomes, held)
-
-    def _plan_project(
-        self, owner: Owner, project: str, given: list[Resource]
-    ) -> tuple[dict[str, str], bool, list[Outcome]]:
-        """Which containers of `project` go ({id: name}), whether it goes as a whole, and what
-        to report. From a fresh listing of the whole project: a runner may have recreated a
-        container without its labels, or a live runner may have joined the project."""
-        try:
-            listed = self._engine.containers(f"{LABEL_COMPOSE_PROJECT}={project}")
-        except ENGINE_ERRORS as err:
-            why = f"listing compose project {project}: {describe(err)}"
-            failed = [
-                Outcome.failed(detail=why, **_container(r.key, r.name, project)) for r in given
-            ]
-            return {}, False, failed
-        why_dead = functools.cache(death)
-        holders: list[str] = []  # why the project cannot go as a whole
-        dead_held = False
-        own: dict[str, str] = {}
-        rest: dict[str, str] = {}
-        for c in listed:
-            cid, name, labels = c["Id"], name_of(c), c.get("Labels") or {}
-            o = None
-            if LABEL_OWNER in labels:
-                o = owner_from(cid, name, labels, f"compose project {project} is not proven dead")
-                if o is None:
-                    holders.append(f"{name} has an unreadable owner label")
-            if o is not None and o != owner and why_dead(o) is None:
-                holders.append(f"{name} is held by live owner {o}")
-            elif o is not None:
-                dead_held = True
-            if not kept(labels):
-                (own if o == owner else rest)[cid] = name
-        said = [
-            Outcome.done(detail="already gone", **_container(r.key, r.name, project))
-            for r in given
-            if r.key not in own
-        ]
-        if not listed:
-            # Nothing is left to hold it: a retry after its networks failed to go finds them.
-            return {}, True, said
-        if holders:
-            why = "not removed as a whole: " + "; ".join(holders)
-            said.append(Outcome.refusal(f"compose project {project}", "project", why))
-        # A project goes as a whole when a dead owner holds some of it and no live one any.
-        if holders or not dead_held:
-            return own, False, said
-        joined, refused = self._unlabelled(owner, project, listed, rest)
-        if refused:
-            names = ", ".join(o.what for o in refused)
-            why = f"not removed as a whole, networks included: {names} stay"
-            refused.append(Outcome.refusal(f"compose project {project}", "project", why))
-        return own | joined, not refused, said + refused
-
-    def _unlabelled(
-        self, owner: Owner, project: str, listed: list[dict[str, Any]], rest: dict[str, str]
-    ) -> tuple[dict[str, str], list[Outcome]]:
-        """Which of `rest` go with the owner's project ({id: name}), and a refusal for each
-        unlabelled one not proven to be of the owner's instance of it (compose.py)."""
-        since = compose.started_at(owner, self._seen_boot(owner))
-        owned = [compose.instance(c.get("Labels") or {}) for c in listed if carries(c, owner)]
-        joined, refused = {}, []
-        for c in listed:
-            cid, labels = c["Id"], c.get("Labels") or {}
-            if cid not in rest:
-                continue
-            why = None
-            if LABEL_OWNER not in labels:  # labelled ones are their own owners' business
-                why = compose.why_not_ours(labels, owned)
-                if why is None:
-                    try:
-                        info = self._engine.inspect(cid)
-                    except ENGINE_ERRORS as err:
-                        why = f"its creation time cannot be read: {describe(err)}"
-                    else:
-                        why = compose.why_started_before(info.get("State"), owner)
-                        why = why or compose.why_older(info.get("Created"), since)
-            if why is None:
-                joined[cid] = rest[cid]
-            else:
-                what = f"not removed with compose project {project}: {why}"
-                refused.append(Outcome.refusal(why=what, **_container(cid, rest[cid], project)))
-        return joined, refused
+            outcomes += networks.of_project(self._engine, owner, project, since, dry_run, keys)
+        held = {p for p in groups if p not in whole}
+        return outcomes + networks.labelled(self._engine, owner, dry_run, outcomes, held, keys)
 
     # -- what an ended run holds: networks and volumes are labelled as containers are ------
 
@@ -382,6 +318,33 @@ class Containers(ResourceKind):
             raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
         found = (resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
+
+
+def _change(engine: api.Engine, event: dict[str, Any]) -> Change | None:
+    """What one event of the stream changes: a labelled container, network or volume
+    created (Found) or one destroyed (Gone), or nothing. A container's event carries its
+    labels; a volume's or network's none, so the new one is asked for its own (what raises
+    then makes the stream be followed again, after a listing). Raises what the engine does."""
+    type_, action = event.get("Type", CONTAINER), event.get("Action")
+    actor = event.get("Actor") or {}
+    ident, labels = actor.get("ID"), actor.get("Attributes") or {}
+    if not ident or not isinstance(ident, str) or type_ not in TYPES:
+        return None
+    if type_ == CONTAINER and (LABEL_OWNER not in labels or kept(labels)):
+        return None
+    if action == "destroy":
+        return Gone(KIND, key_of(type_, ident))
+    if action != "create":
+        return None
+    if type_ == CONTAINER:
+        res = resource_of(KIND, ident, labels.get("name", ""), labels)
+    else:
+        try:
+            listed = engine.volume(ident) if type_ == VOLUME else engine.network(ident)
+        except NotFound:  # gone already: its destroy follows
+            return None
+        res = other_of(KIND, type_, listed)
+    return None if res is None else Found(res)
 
 
 def _ns_time(ns: int) -> str:

@@ -1,5 +1,6 @@
 """The networks and volumes an ended run leaves: those of a compose project removed as a
-whole, and those labelled with its owner. Each goes only once no container uses it."""
+whole, and those labelled with its owner. Each goes only once no container uses it; one
+still in use fails its attempt, to be tried again later (a retry, the next reconcile)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,23 @@ from exitwatch.engine.errors import describe
 from exitwatch.kinds.base import Outcome
 from exitwatch.kinds.docker import compose
 from exitwatch.kinds.docker.attempts import attempt, name_of
-from exitwatch.owner import Owner
+from exitwatch.kinds.docker.labels import NETWORK, VOLUME, key_of
+from exitwatch.owner import Owner, OwnerError, death
 
 
-def of_project(engine: Engine, project: str, since: float | str, dry_run: bool) -> list[Outcome]:
+def of_project(
+    engine: Engine,
+    owner: Owner,
+    project: str,
+    since: float | str,
+    dry_run: bool,
+    keys: set[str],
+) -> list[Outcome]:
     """Remove the networks of a project whose containers were just removed, unless some
     container is left (a kept one, one that would not go, or one created meanwhile), or
-    the network is older than the owner (compose.py), or is labelled exitwatch.keep=true."""
+    the network is older than the owner (compose.py), is labelled exitwatch.keep=true, or
+    with another owner who lives. `keys`: the Resource keys of the job, which its
+    outcomes name."""
     label = f"{LABEL_COMPOSE_PROJECT}={project}"
     try:
         nets = engine.networks(label)
@@ -38,7 +49,9 @@ def of_project(engine: Engine, project: str, since: float | str, dry_run: bool) 
             "kind": "network",
             "extra": {"id": net["Id"], "project": project},
         }
-        why = compose.why_older(net.get("Created"), since)
+        if key_of(NETWORK, net["Id"]) in keys:
+            about["key"] = key_of(NETWORK, net["Id"])
+        why = compose.why_older(net.get("Created"), since) or _held_by_live(net, owner)
         if why is not None:
             why = f"not removed with compose project {project}: {why}"
         remain = f"containers remain in the project: {left}" if left else ""
@@ -46,13 +59,30 @@ def of_project(engine: Engine, project: str, since: float | str, dry_run: bool) 
     return outcomes
 
 
+def _held_by_live(item: dict[str, Any], owner: Owner) -> str | None:
+    """Why a network of a project is another owner's who lives, or None."""
+    try:
+        other = Owner.parse((item.get("Labels") or {}).get(LABEL_OWNER, ""))
+    except OwnerError:
+        return None  # unlabelled (or unreadable): the project's, as compose made it
+    if other == owner or death(other) is not None:
+        return None
+    return f"it is labelled with live owner {other}"
+
+
 def labelled(
-    engine: Engine, owner: Owner, dry_run: bool, done: list[Outcome], held: set[str]
+    engine: Engine,
+    owner: Owner,
+    dry_run: bool,
+    done: list[Outcome],
+    held: set[str],
+    keys: set[str],
 ) -> list[Outcome]:
     """Remove the networks and volumes labelled with `owner` (a compose project's named
     volumes and networks, or ones made by hand), once none of its containers is left and
     no container at all uses them. Those already dealt with in `done` are skipped, and
-    those of a compose project in `held` (one not removed as a whole) stay with it."""
+    those of a compose project in `held` (one not removed as a whole) stay with it.
+    `keys`: the Resource keys of the job, which its outcomes name."""
     label = f"{LABEL_OWNER}={owner}"
     seen = {o.extra.get("id") for o in done}
     try:
@@ -64,8 +94,8 @@ def labelled(
         return [Outcome.failed(f"networks and volumes of {owner}", "network", why)]
     outcomes = []
     for kind, items, key, call in (
-        ("network", nets, "Id", engine.remove_network),
-        ("volume", vols, "Name", engine.remove_volume),
+        (NETWORK, nets, "Id", engine.remove_network),
+        (VOLUME, vols, "Name", engine.remove_volume),
     ):
         for item in items:
             labels = item.get("Labels") or {}
@@ -76,6 +106,8 @@ def labelled(
                 "kind": kind,
                 "extra": {"id": item[key]},
             }
+            if key_of(kind, item[key]) in keys:
+                about["key"] = key_of(kind, item[key])
             project = labels.get(LABEL_COMPOSE_PROJECT)
             why = None
             if project in held:
@@ -111,8 +143,9 @@ def _remove_unused(
 ) -> Outcome:
     """Remove a network or volume (`about` says which, for its Outcome) unless a container,
     of any owner or none, uses it: removing it would cut a stopped container off, and a
-    running one makes the engine refuse. Such a one is left (a refusal), for whoever owns
-    that container."""
+    running one makes the engine refuse. Such a one is left, and the attempt fails, so
+    that it is tried again later (the agent's retries, then every reconcile): the
+    container may go first."""
     kind = about["kind"]
     try:
         users = engine.users(kind, ident)
@@ -121,7 +154,7 @@ def _remove_unused(
         return Outcome.failed(detail=why, **about)
     if users:
         why = f"in use by containers: {', '.join(name_of(c) for c in users)}"
-        return Outcome.refusal(why=why, **about)
+        return Outcome.failed(detail=why, **about)
     # 403 "active endpoints" is a known race: the engine lets go of a network a moment
     # after the containers that used it are gone.
     again = (409, 403) if kind == "network" else (409,)

@@ -204,6 +204,18 @@ class Metric:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Part:
+    """Resources of one type of a kind whose resources are of several (the container kind's
+    networks and volumes), shown under a key of their own in a live owner's entry of the
+    status document, rather than under the kind's table."""
+
+    key: str  # the entry's key: "volumes"
+    has: Callable[[Resource], bool]  # whether a resource of the kind is of this type
+    held: Callable[[list[Resource]], list]  # the entry's list of them
+    held_lines: Callable[[list], list[str]]  # the text view's lines of that list
+
+
+@dataclass(frozen=True, kw_only=True)
 class Registration:
     """What a kind declares of itself, so that the service, the status document and its
     text, the metrics, `exitwatch reap` and the config file iterate the kinds rather than
@@ -235,3 +247,19 @@ class Registration:
     # exitwatch_NAME_total.
     counters: Mapping[str, str] = field(default_factory=dict)
     metrics: tuple[Metric, ...] = ()  # read from its health()
+    # Its resources of other types than the table's, each under a key of its own.
+    parts: tuple[Part, ...] = ()
+
+    def entries(self, held: list[Resource]) -> dict[str, list]:
+        """What a live owner holds of this kind, by its entry's keys: the table's, and each
+        part's."""
+        shown = {part.key: part.held([r for r in held if part.has(r)]) for part in self.parts}
+        rest = [r for r in held if not any(part.has(r) for part in self.parts)]
+        return {self.table: self.held(rest), **shown}
+
+    def lines(self, entry: Mapping[str, Any]) -> list[str]:
+        """The text view's lines of what a live owner's entry holds of this kind."""
+        out = self.held_lines(entry.get(self.table, []))
+        for part in self.parts:
+            out += part.held_lines(entry.get(part.key, []))
+        return out

@@ -3,11 +3,13 @@ settings, its health line, what an owner holds of it in status, and its metrics.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from exitwatch.engine import url
-from exitwatch.kinds.base import Metric, Registration
+from exitwatch.kinds.base import Metric, Part, Registration, Resource
 from exitwatch.kinds.docker.kind import CONCURRENCY, KIND, Containers
+from exitwatch.kinds.docker.labels import NETWORK, VOLUME, split
 
 
 @dataclass(frozen=True)
@@ -15,8 +17,8 @@ class Settings:
     """The `[containers]` table."""
 
     enabled: bool = True
-    """Reap the containers labelled with a dead owner, with their compose projects'
-    networks and volumes."""
+    """Reap the containers, networks and volumes labelled with a dead owner, with their
+    compose projects' networks and volumes."""
     docker_host: str | None = None
     """The local Docker engine's socket, a unix:// URL; unset: DOCKER_HOST, or the default
     socket (exitwatch/engine/url.py has the rules)."""
@@ -48,6 +50,33 @@ def _health_lines(docker: dict) -> list[str]:
     return [f"  docker:   {docker.get('endpoint')}: {state}{extra}"]
 
 
+def _of(type_: str) -> Callable[[Resource], bool]:
+    return lambda res: split(res.key)[0] == type_
+
+
+def _networks(held: list[Resource]) -> list[dict]:
+    return [
+        {"id": split(r.key)[1], "name": r.name.removeprefix("network "), "project": r.group}
+        for r in sorted(held, key=lambda r: r.name)
+    ]
+
+
+def _volumes(held: list[Resource]) -> list[dict]:
+    return [
+        {"name": split(r.key)[1], "project": r.group} for r in sorted(held, key=lambda r: r.name)
+    ]
+
+
+def _lines(type_: str) -> Callable[[list], list[str]]:
+    def lines(held: list) -> list[str]:
+        return [
+            f"    {type_} {h['name']}" + (f" (project {h['project']})" if h.get("project") else "")
+            for h in held
+        ]
+
+    return lines
+
+
 REGISTRATION = Registration(
     kind=KIND,
     table="containers",
@@ -63,6 +92,12 @@ REGISTRATION = Registration(
         + ")"
         for c in held
     ],
+    # Labelled networks and volumes are resources of the kind (one removal job takes an
+    # owner's containers, then what they used); status shows them under keys of their own.
+    parts=(
+        Part(key="networks", has=_of(NETWORK), held=_networks, held_lines=_lines(NETWORK)),
+        Part(key="volumes", has=_of(VOLUME), held=_volumes, held_lines=_lines(VOLUME)),
+    ),
     metrics=(
         Metric(
             "exitwatch_engine_reconnects_total",

@@ -137,9 +137,9 @@ def _owner(owner: Owner, held: Iterable[Resource]) -> OwnerEntry:
         "pid": owner.pid,
         # What the owner is, as its resources say (exitwatch adopt's "container NAME").
         "name": "; ".join(named) or None,
-        **{reg.table: reg.held(of[reg.kind]) for reg in registry.KINDS},
+        **{k: v for reg in registry.KINDS for k, v in reg.entries(of[reg.kind]).items()},
     }
-    return cast(OwnerEntry, entry)  # one key per kind's table: registry.KINDS
+    return cast(OwnerEntry, entry)  # one key per kind's table and part: registry.KINDS
 
 
 def _pending(owner: Owner, why: str, held: Iterable[Resource]) -> PendingEntry:

@@ -27,13 +27,27 @@ class ContainerHeld(TypedDict):
     project: str | None
 
 
+class NetworkHeld(TypedDict):
+    id: str
+    name: str
+    project: str | None
+
+
+class VolumeHeld(TypedDict):
+    name: str
+    project: str | None
+
+
 class OwnerEntry(TypedDict):
-    """A live owner and what it holds: one key per kind's table (kinds/registry.py)."""
+    """A live owner and what it holds: one key per kind's table and part
+    (kinds/registry.py; the container kind's networks and volumes are its parts)."""
 
     owner: str
     pid: int
     name: str | None
     containers: list[ContainerHeld]
+    networks: list[NetworkHeld]
+    volumes: list[VolumeHeld]
     workdirs: list[str]
     hooks: list[str]
     processes: list[str]

@@ -94,7 +94,7 @@ def _owner_lines(owner: dict) -> list[str]:
     name = f", {owner['name']}" if owner.get("name") else ""
     lines = [f"  {owner['owner']} (pid {owner['pid']}{name})"]
     for reg in registry.KINDS:
-        lines += reg.held_lines(owner.get(reg.table, []))
+        lines += reg.lines(owner)
     return lines
 
 

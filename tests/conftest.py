@@ -147,6 +147,7 @@ ONE_PASS = {
         "test_unixhttp.py",
         "test_engine_load.py",
         "test_labelled.py",
+        "test_owned_volumes.py",
         "test_adopt_transparency.py",
         "test_attacks.py",
         "test_run_dirs_hijack.py",

@@ -163,3 +163,23 @@ def test_status_shows_them_under_keys_of_their_own(fake, kind, dead):
         "    network net",
         "    volume data (project app)",
     ]
+
+
+def test_a_project_volume_stays_while_unlabelled_containers_of_its_project_remain(fake, kind, dead):
+    # A long-lived production `app` of the same name: nothing proves it the owner's.
+    fake.add_volume("app_data", owned(dead, "app"))
+    fake.add_container("app-db-1", {LABEL_COMPOSE_PROJECT: "app"})
+    said = reap(kind, dead)
+    assert said["volume app_data"].refused and "app_data" in fake.volumes_
+
+
+def test_a_project_that_cannot_be_listed_fails_the_attempt(fake, kind, dead):
+    fake.add_volume("app_data", owned(dead, "app"))
+    held = [r for r in kind.scan().resources if r.owner == dead]
+    fake.fail("containers", OSError("timed out"))
+    said = {o.what: o for o in kind.reap(dead, held, dry_run=False)}
+    failed = said["compose project app"]
+    assert not failed.ok and not failed.refused and "timed out" in failed.detail
+    assert failed.key == ""  # about the whole job: the agent tries it all again
+    assert "app_data" in fake.volumes_
+    assert reap(kind, dead)["volume app_data"].detail == "removed"

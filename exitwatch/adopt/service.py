@@ -80,9 +80,11 @@ def serve(settings: Settings, stop: threading.Event, env: MutableMapping[str, st
 
 
 def _more_files() -> None:
-    """Raise the soft limit of open files to the hard one: a connection holds four
-    descriptors (the client's, the engine's, a pipe while it streams), and 256 clients at
-    once would pass the usual soft limit of 1024. Under systemd, LimitNOFILE= sets both."""
+    """Raise the soft limit of open files to the hard one: a connection holds six
+    descriptors (the client's, the engine's, a pipe for each direction while it streams),
+    and 256 clients at once would pass the usual soft limit of 1024. Under systemd,
+    LimitNOFILE= sets both. The proxy bounds its connections below the limit in effect
+    (proxy/limits.py)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         with contextlib.suppress(OSError, ValueError):  # a filter that denies setrlimit

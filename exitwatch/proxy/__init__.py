@@ -5,7 +5,9 @@ server.py accepts and asks the policy (policy.py) whose each connection is; read
 reads the requests with h11 (framing.py their framing, routes.py which handler the engine
 runs, creation.py the label on a creation's body, volumes.py the named volumes made first,
 through exitwatch.engine); responses.py passes the engine's answers back; relay.py moves the
-bytes. safedir.py is the rule for a directory a socket may be served in.
+bytes; limits.py bounds the connections served at once, in all and per client, below
+the process's task and descriptor limits. safedir.py is the rule for a directory a socket
+may be served in.
 
 It may import exitwatch.contract, exitwatch.engine (the engine's URL and requests) and
 exitwatch.kinds.fsops (the raw file-system calls); never exitwatch.run, exitwatch.adopt,

@@ -35,13 +35,18 @@ class Workers:
         self._lock = threading.Lock()
 
     def submit(self, task: Callable[..., None], *args: object) -> None:
+        """Run `task(*args)` on a spare worker, else on a new one. Raises RuntimeError when
+        a new one is needed and cannot be started (a task limit): nothing is queued then,
+        and the count of spare workers stays right."""
         with self._lock:
-            spawn = not self._idle
-            if not spawn:
+            if self._idle:
                 self._idle -= 1  # that one takes it
-        self._tasks.put((task, args))
-        if spawn:
-            threading.Thread(target=self._work, name="exitwatch-proxy", daemon=True).start()
+                self._tasks.put((task, args))
+                return
+        first = (task, args)
+        threading.Thread(
+            target=self._work, args=(first,), name="exitwatch-proxy", daemon=True
+        ).start()
 
     def close(self) -> None:
         """End the spare workers now rather than after IDLE_EXIT."""
@@ -50,7 +55,8 @@ class Workers:
         for _ in range(spare):
             self._tasks.put(None)
 
-    def _work(self) -> None:
+    def _work(self, first: tuple[Callable[..., None], tuple]) -> None:
+        self._run(*first)
         while True:
             try:
                 item = self._tasks.get(timeout=IDLE_EXIT)
@@ -64,13 +70,15 @@ class Workers:
                 continue
             if item is None:
                 return
-            task, args = item
-            try:
-                task(*args)
-            except Exception:  # a bug of ours: the connection is lost, the proxy is not
-                log.exception("proxy connection")
-            with self._lock:
-                self._idle += 1
+            self._run(*item)
+
+    def _run(self, task: Callable[..., None], args: tuple) -> None:
+        try:
+            task(*args)
+        except Exception:  # a bug of ours: the connection is lost, the proxy is not
+            log.exception("proxy connection")
+        with self._lock:
+            self._idle += 1
 
 
 def pump(

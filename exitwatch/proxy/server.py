@@ -16,14 +16,16 @@ import ctypes
 import logging
 import os
 import socket
+import struct
 import threading
 import time
+from collections.abc import Callable
 
 import h11
 
 from exitwatch.engine.oneshot import OneShot
 from exitwatch.engine.url import Endpoint
-from exitwatch.proxy import relay, volumes
+from exitwatch.proxy import limits, relay, volumes
 from exitwatch.proxy.policy import Owned, Policy, Refuse
 from exitwatch.proxy.reader import Budget, Reader
 from exitwatch.proxy.responses import Responses
@@ -45,7 +47,14 @@ class Proxy:
     """Serves `listener` (a bound, listening unix socket) until stop(), forwarding to the
     engine at `engine`, each connection's creations labelled as `policy` says."""
 
-    def __init__(self, listener: socket.socket, engine: Endpoint, policy: Policy) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        engine: Endpoint,
+        policy: Policy,
+        bounds: limits.Limits | None = None,
+    ) -> None:
+        self._gate = limits.Gate(bounds or limits.of_process())
         self._listener, self._engine, self._policy = listener, engine, policy
         self._calls = OneShot(engine, volumes.TIMEOUT)  # the proxy's own requests
         self._thread: threading.Thread | None = None
@@ -74,6 +83,12 @@ class Proxy:
         self._workers.close()
 
     def _serve(self) -> None:
+        log.debug(
+            "at most %d connections at once, %d per client (%s)",
+            self._gate.limits.total,
+            self._gate.limits.per_client,
+            self._gate.limits.why,
+        )
         while not self._stopping:
             try:
                 client, _ = self._listener.accept()
@@ -83,9 +98,32 @@ class Proxy:
                 # EMFILE and the like: clients wait in the backlog meanwhile.
                 time.sleep(ACCEPT_PAUSE)
                 continue
+            try:
+                self._admit(client)
+            except Exception:  # a bug of ours: this client is lost, never the accept loop
+                log.exception("proxy accept")
+                client.close()
+
+    def _admit(self, client: socket.socket) -> None:
+        """Serve `client` on a worker, or answer it at once that it cannot be served now:
+        over the total, or when no thread can be started (a task limit)."""
+        total = self._gate.limits.total
+        if not self._gate.enter():
+            self._gate.turn_away(client, f"{total} connections are open, the most at once")
+            return
+        try:
             self._workers.submit(self._connection, client)
+        except RuntimeError as err:  # "can't start new thread"
+            self._gate.leave()
+            self._gate.turn_away(client, f"no thread could be started to serve it ({err})")
 
     def _connection(self, client: socket.socket) -> None:
+        try:
+            self._connection_of(client)
+        finally:
+            self._gate.leave()
+
+    def _connection_of(self, client: socket.socket) -> None:
         try:
             owner = self._policy.owner_for(client)
         except Exception as err:  # a policy that failed cannot say the owner: no creations
@@ -93,6 +131,17 @@ class Proxy:
             owner = Refuse(f"the owner of this connection could not be found ({err})")
         if isinstance(owner, str):
             owner = Owned(owner)
+        who = _client_key(client, owner)
+        if not self._gate.claim(who):
+            each = self._gate.limits.per_client
+            self._gate.turn_away(client, f"this client holds {each} connections already")
+            return
+        try:
+            self._served(client, owner)
+        finally:
+            self._gate.unclaim(who)
+
+    def _served(self, client: socket.socket, owner: Owned | Refuse | None) -> None:
         try:
             upstream = self._engine.connect(None)
         except OSError as err:
@@ -106,12 +155,12 @@ class Proxy:
         back = threading.Event()
         try:
             if owner is None:  # nobody's: passed through untouched
-                self._workers.submit(relay.pump, upstream, client, b"", back)
-                relay.pump(client, upstream)
+                if self._other_half(client, back, relay.pump, upstream, client, b"", back):
+                    relay.pump(client, upstream)
             else:
                 responses = Responses(upstream, client)
-                self._workers.submit(_run, responses, back)
-                Reader(client, upstream, owner, responses, self._calls, self._budget).run()
+                if self._other_half(client, back, _run, responses, back):
+                    Reader(client, upstream, owner, responses, self._calls, self._budget).run()
         except (OSError, h11.ProtocolError) as err:
             log.debug("proxy connection: %s", err)
             relay.cut(client, upstream)
@@ -123,6 +172,31 @@ class Proxy:
             self._open.difference_update((client, upstream))
         client.close()
         upstream.close()
+
+    def _other_half(
+        self, client: socket.socket, done: threading.Event, task: Callable[..., None], *args: object
+    ) -> bool:
+        """Start the connection's other direction (`task`, which sets `done`) on a worker;
+        else answer the client that it cannot be served now, and say False."""
+        try:
+            self._workers.submit(task, *args)
+            return True
+        except RuntimeError as err:
+            done.set()
+            self._gate.turn_away(client, f"no thread could be started to serve it ({err})")
+            return False
+
+
+def _client_key(client: socket.socket, owner: Owned | Refuse | None) -> object:
+    """Whose share a connection counts against: its owner's; for a connection of nobody's
+    (a host client no rule matches) or of an owner not found, its client's uid."""
+    if isinstance(owner, Owned):
+        return owner.owner
+    try:
+        creds = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    except OSError:
+        return ("uid", None)
+    return ("uid", struct.unpack("3i", creds)[1])
 
 
 def _bounded_malloc() -> None:

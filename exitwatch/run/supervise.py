@@ -26,6 +26,7 @@ from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.engine import url
 from exitwatch.kinds.base import Outcome
 from exitwatch.owner import Owner, OwnerError, owner_of
+from exitwatch.proxy import limits
 from exitwatch.proxy.policy import Always
 from exitwatch.proxy.server import Proxy, ProxyError, listen
 from exitwatch.run import dirs
@@ -109,7 +110,7 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
             ) from None
         finally:
             bases.close()
-        proxy = Proxy(listener, engine, Always(str(owner)))
+        proxy = Proxy(listener, engine, Always(str(owner)), limits.of_process(shared=False))
         status = _supervise(argv, child_env, proxy, settings, old_mask)
         proxy.stop()
     finally:

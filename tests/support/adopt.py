@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
@@ -54,6 +54,7 @@ class Adopt:
         log: Path,
         rules: tuple[str, ...] = (),
         held: socket.socket | None = None,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         self.listen, self.log = listen, log
         argv = [sys.executable, "-m", "exitwatch", "adopt", "--docker-host", f"unix://{engine}"]
@@ -73,6 +74,7 @@ class Adopt:
             env=env,
             cwd="/",
             pass_fds=fds,
+            preexec_fn=preexec,  # a cgroup or a resource limit of its own, before the exec
         )
 
     def text(self) -> str:
@@ -107,11 +109,17 @@ def short_dir(prefix: str = "exitwatch-adopt-") -> Path:
 
 
 @contextlib.contextmanager
-def adopting(engine, rules: tuple[str, ...] = (), logs: Path | None = None) -> Iterator[Adopt]:
+def adopting(
+    engine,
+    rules: tuple[str, ...] = (),
+    logs: Path | None = None,
+    preexec: Callable[[], None] | None = None,
+) -> Iterator[Adopt]:
     """`exitwatch adopt` in front of the private engine, bound by hand in a fresh directory;
-    stopped afterwards."""
+    stopped afterwards. `preexec` runs in its process before the exec."""
     where = short_dir()
-    adopt = Adopt(engine.socket, where / "docker.sock", (logs or where) / "adopt.log", rules)
+    log = (logs or where) / "adopt.log"
+    adopt = Adopt(engine.socket, where / "docker.sock", log, rules, preexec=preexec)
     try:
         adopt.wait_ready()
         yield adopt

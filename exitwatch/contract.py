@@ -12,7 +12,7 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 
-from exitwatch.owner import owner_of
+from exitwatch.owner import Owner, OwnerError, owner_of
 
 LABEL_OWNER = "exitwatch.owner"
 LABEL_KEEP = "exitwatch.keep"
@@ -40,6 +40,19 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 def kept(labels: Mapping[str, object]) -> bool:
     """Whether `labels` ask exitwatch to leave their container, network or volume alone."""
     return str(labels.get(LABEL_KEEP, "")).strip().lower() == "true"
+
+
+def names_an_owner(labels: Mapping[str, object]) -> bool:
+    """Whether `labels` carry an owner label that reads as an owner string. An empty one
+    (compose's `"${EXITWATCH_OWNER}"` where the variable is unset) or a malformed one names
+    nobody: the agent never judges it dead, so it would keep its container for good."""
+    if LABEL_OWNER not in labels:
+        return False
+    try:
+        Owner.parse(labels[LABEL_OWNER])  # type: ignore[arg-type]
+    except OwnerError:
+        return False
+    return True
 
 
 def nests_too_deeply(text: str) -> bool:

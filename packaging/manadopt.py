@@ -24,14 +24,21 @@ inside a container), finds the client's owner, and labels what the connection cr
 .B exitwatch.owner=\fIowner\fR
 and
 .BR exitwatch.owner\-name ,
-what the owner is, as the socket of
+what the owner is (\fBcontainer\fR \fINAME\fR for a container's init; for a process a rule
+matched, its program's name and the rule, never its arguments, which may hold a secret),
+as the socket of
 .BR exitwatch\-run (1)
 does. The agent,
 .BR exitwatch (8),
 reaps by that label, as it reaps any dead owner's: it must run too.
 A request that names an owner of its own, or asks
 .BR exitwatch.keep=true ,
-is left as it is; every other request passes unchanged.
+is left as it is; an
+.B exitwatch.owner
+label that names nobody (empty, as compose makes
+.B \(dq${EXITWATCH_OWNER}\(dq
+where the variable is unset, or malformed) is replaced by the connection's owner; every
+other request passes unchanged.
 """
 
 OWNERS = r"""

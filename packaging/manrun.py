@@ -18,12 +18,18 @@ to the labels of every container, network and volume created through it, and cre
 labelled, the named volumes a container create would make the engine create; a volume that
 existed before keeps its labels. A request that names its own owner, or asks
 .BR exitwatch.keep=true ,
-is left as it is. Everything else passes unchanged: attached and
+is left as it is; an
+.B exitwatch.owner
+label that names nobody (empty or malformed) is replaced by the run's owner. Everything
+else passes unchanged: attached and
 .B exec \-i
 streams, logs, events, cp, build, compose v1 and v2, the Python SDK. A legacy build is
-asked to remove its intermediate containers even when a step fails, as
+asked to remove its intermediate containers always, a failed or interrupted step's
+included, as
 .B docker build \-\-force\-rm
-does, unless it asked to keep them.
+does, whatever
+.B rm
+it sent: the build API cannot label them, and kept they would be nobody's.
 .PP
 The socket reads each request as the engine will. Where it cannot be sure how the engine
 reads one, it refuses it with an error answer like the engine's own

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from exitwatch.contract import LABEL_OWNER, kept
+from exitwatch.contract import LABEL_OWNER, kept, names_an_owner
 from exitwatch.proxy.routes import Route
 
 _WHITESPACE = " \t\n\r"  # JSON's, the same for Go and Python
@@ -57,7 +57,9 @@ def label(
 ) -> Labelled:
     """The creation body `body` for `route` with `owner` (and the labels `more`) added to
     its labels, and the named volumes a container create would make. A body that names an
-    owner of its own or asks to be kept is sent as it came, its volumes left to the engine.
+    owner of its own or asks to be kept is sent as it came, its volumes left to the engine;
+    an owner label that names nobody (empty, malformed) is replaced by `owner`, which the
+    socket knows for sure.
     A legacy start's body, which the engine reads as a create's for its HostConfig alone,
     has no labels: it is sent as it came, with the volumes it would make. Raises Refused."""
     doc = _decode(body)
@@ -65,7 +67,7 @@ def label(
     if route is Route.LEGACY_START:
         return Labelled(body, _created_volumes(doc, ours))
     labels = _labels(doc, "Labels", "the body")
-    if LABEL_OWNER in labels or kept(labels):
+    if names_an_owner(labels) or kept(labels):
         return Labelled(body, ())
     doc["Labels"] = {**labels, **ours}
     volumes = _created_volumes(doc, ours) if route is Route.CONTAINER_CREATE else ()
@@ -208,6 +210,6 @@ def _volumes(host: dict, driver: str, where: str, ours: Mapping[str, str]) -> tu
         config = _struct(options, "DriverConfig", at)
         at += ".DriverConfig"
         name, opts = _string(config, "Name", at), _labels(config, "Options", at)
-        if LABEL_OWNER not in labels and not kept(labels):
+        if not names_an_owner(labels) and not kept(labels):
             found.setdefault(source, Volume(source, name, opts, labels))
     return tuple(Volume(v.name, v.driver, v.options, {**v.labels, **ours}) for v in found.values())

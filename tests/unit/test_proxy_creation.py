@@ -42,13 +42,30 @@ def test_a_body_of_as_many_values_as_the_proxy_reads_is_labelled() -> None:
     assert len(labelled(body)["Env"]) == MAX_VALUES - 1
 
 
+SOMEONE = "0b8c7a3e-3d4c-4b8e-9f1a-2c3d4e5f6a7b:1234:5678"
+
+
 @pytest.mark.parametrize(
-    "labels", [{LABEL_OWNER: "someone else"}, {LABEL_KEEP: "True"}, {LABEL_KEEP: " true "}]
+    "labels", [{LABEL_OWNER: SOMEONE}, {LABEL_KEEP: "True"}, {LABEL_KEEP: " true "}]
 )
 def test_a_body_with_an_owner_or_asking_to_be_kept_passes_as_it_came(labels: dict) -> None:
     body = json.dumps({"Labels": labels, "HostConfig": {"Binds": ["v:/d"]}}).encode() + b" "
     done = label(CONTAINER, body, OWNER)
     assert done.body == body and done.volumes == ()
+
+
+@pytest.mark.parametrize("bad", ["", " ", "someone else", "b:1:2", SOMEONE + " ", "x" * 300])
+@pytest.mark.parametrize("route", [CONTAINER, NETWORK, VOLUME])
+def test_an_owner_label_that_names_nobody_is_replaced(bad: str, route: Route) -> None:
+    # compose's `exitwatch.owner: "${EXITWATCH_OWNER}"` where the variable is unset gives "".
+    body = json.dumps({"Labels": {LABEL_OWNER: bad, "a": "b"}}).encode()
+    assert labelled(body, route)["Labels"] == {LABEL_OWNER: OWNER, "a": "b"}
+
+
+def test_a_mounts_volume_with_an_owner_label_that_names_nobody_is_made_labelled() -> None:
+    mount = {"Type": "volume", "Source": "v", "VolumeOptions": {"Labels": {LABEL_OWNER: ""}}}
+    done = label(CONTAINER, json.dumps({"HostConfig": {"Mounts": [mount]}}).encode(), OWNER)
+    assert [v.labels for v in done.volumes] == [{LABEL_OWNER: OWNER}]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +125,11 @@ def test_the_named_volumes_of_a_container_create() -> None:
             {"Type": "volume", "Target": "/anonymous"},
             {"Type": "bind", "Source": "/host"},
             {"Type": "volume", "Source": "kept", "VolumeOptions": {"Labels": {LABEL_KEEP: "true"}}},
-            {"Type": "volume", "Source": "theirs", "VolumeOptions": {"Labels": {LABEL_OWNER: "o"}}},
+            {
+                "Type": "volume",
+                "Source": "theirs",
+                "VolumeOptions": {"Labels": {LABEL_OWNER: SOMEONE}},
+            },
         ],
     }
     body = json.dumps({"Image": "x", "HostConfig": host}).encode()

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 SO_PEERPIDFD = 77  # Linux 6.5; Python 3.11's socket module does not name it
 CMDLINE_MAX = 64 * 1024  # bytes of a command line matched against the rules, at most
-NAME_MAX = 200  # characters of a command line on the label exitwatch.owner-name
+NAME_MAX = 100  # characters of a program's name on the label exitwatch.owner-name
 CACHED = 4096  # processes whose namespace depth is remembered (per pid and start time)
 CONTAINERS = 1024  # containers whose name and init are remembered
 MAX_WALK = 4096  # ancestors walked at most: no process tree is this deep
@@ -194,7 +194,8 @@ class Adopting:
 
     def _owned(self, owner: _Proc, client: _Proc, matched: bool) -> Owned:
         """`owner`'s owner string, with what it is: for a container's init, the container's
-        name; for a rule's match, its command line (and its container, if in one)."""
+        name; for a rule's match, its program and the rule (and its container, if in one),
+        never its arguments, which may hold a secret, and a label is seen by many."""
         text = f"{current_boot_id()}:{owner.pid}:{owner.start}"
         container = None
         if client.depth > 1:
@@ -203,8 +204,10 @@ class Adopting:
         where = f"container {container.name}" if container and container.name else ""
         if not matched:
             return Owned(text, where)
-        line = owner.line if len(owner.line) <= NAME_MAX else owner.line[: NAME_MAX - 3] + "..."
-        return Owned(text, f"{where}: {line}" if where else line)
+        rule = next((r for r in self.rules if fnmatch.fnmatchcase(owner.line, r)), "?")
+        program = os.path.basename(owner.line.split(" ", 1)[0])[:NAME_MAX]
+        what = f"{program} (rule {rule})"
+        return Owned(text, f"{where}: {what}" if where else what)
 
     def _container(self, pid: int, fresh: bool) -> _Container | None:
         """The container of this engine's whose cgroup holds `pid`, or None. Remembered by

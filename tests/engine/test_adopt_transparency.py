@@ -35,6 +35,7 @@ TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 MARK = "exitwatch-transparent"  # on the host clients' command lines, for the rule
 RULE = f"*{MARK}*"
+PY = os.path.basename(sys.executable)
 # support.transparency.sdk_ops in a process of its own, whose arguments carry MARK: the
 # SDK's own connections, hijacks included, through either socket.
 SDK = f"""
@@ -102,6 +103,7 @@ def _labelled(engine, names: dict[str, str], name: str) -> None:
         labels = info.get("Labels") or {}
         assert LABEL_OWNER in labels, (kind, item)
         assert labels[LABEL_OWNER_NAME].startswith(name), (kind, item, labels)
+        assert MARK not in labels[LABEL_OWNER_NAME].replace(RULE, ""), labels  # no arguments
 
 
 def _unlabelled(engine, *containers: str) -> None:
@@ -140,7 +142,7 @@ def test_the_docker_cli_on_the_host(engine, adopt, tmp_path) -> None:
     through = {"DOCKER_HOST": f"unix://{adopt.listen}"}
     direct = sh(script, engine.env(SUFFIX="d", DOCKER="docker", **common))
     assert sh(script, engine.env(SUFFIX="p", DOCKER="docker", **common) | through) == direct
-    _labelled(engine, CREATED, "bash -euo pipefail -c")
+    _labelled(engine, CREATED, f"bash (rule {RULE})")  # no argument of its own
     _unlabelled(engine, "cd", "ld")
     events = f"# {MARK}\n" + _events(since)
     env = engine.env(D="docker")
@@ -257,4 +259,4 @@ def test_the_python_sdk_on_the_host(engine, adopt) -> None:
         assert done.returncode == 0, done.stderr
         outs[suffix] = json.loads(done.stdout)
     _sdk_compare(outs["p"], outs["d"])
-    _labelled(engine, {"sp": "container", "svp": "volume"}, f"{sys.executable} -c ")
+    _labelled(engine, {"sp": "container", "svp": "volume"}, f"{PY} (rule {RULE})")

@@ -15,7 +15,6 @@ from urllib.parse import unquote_to_bytes
 
 _VERSION = r"(?:/v[0-9.]+)?"
 _BAD_ESCAPE = re.compile(r"%(?![0-9a-fA-F]{2})")  # a "%" that does not start an escape
-_GO_SPACE = " \t\n\v\f\r\x85\xa0"  # strings.TrimSpace, within what ToLower leaves
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
@@ -136,25 +135,13 @@ def clean_path(path: str) -> str:
 
 def build_target(target: bytes) -> bytes:
     """`target` of a POST /build with forcerm=1 first in its query, so that the legacy
-    builder removes its intermediate containers even when a step fails (they carry no
-    label); unchanged where the client asked for rm=0, to keep them. The engine reads the
-    first value of a parameter, so a forcerm of the client's own comes too late."""
+    builder removes its intermediate containers always, a failed step's and an interrupted
+    build's included, whatever `rm` the client sent (docker-py sends rm=False by default):
+    the build API labels only the image, so a container it kept would have no owner. The
+    engine reads the first value of a parameter, so a forcerm of the client's own comes too
+    late, and forcerm implies rm."""
     path, sep, query = target.partition(b"?")
-    rm = _first(query.decode("ascii"), "rm") if sep else None
-    if rm and rm.strip(_GO_SPACE).lower() in ("", "0", "no", "false", "none"):
-        return target  # the engine's httputils.BoolValue reads these as false
     return path + b"?forcerm=1" + (b"&" + query if sep else b"")
-
-
-def _first(query: str, key: str) -> str | None:
-    """The first value of `key` in `query` as Go's url.ParseQuery reads it, or None."""
-    for pair in query.split("&"):
-        name, _, value = pair.partition("=")
-        if _BAD_ESCAPE.search(name) or _BAD_ESCAPE.search(value):
-            continue  # Go skips a pair it cannot unescape
-        if unquote_to_bytes(name.replace("+", " ")) == key.encode():
-            return unquote_to_bytes(value.replace("+", " ")).decode("utf-8", "replace")
-    return None
 
 
 def _shown(target: bytes) -> str:

@@ -152,14 +152,15 @@ def test_a_target_the_engine_cannot_read_is_refused() -> None:
         (b"/v1.41/build?t=x&rm=1", b"/v1.41/build?forcerm=1&t=x&rm=1"),
         (b"/build?forcerm=0", b"/build?forcerm=1&forcerm=0"),  # the engine reads the first
         (b"/build?rm=", b"/build?forcerm=1&rm="),  # empty: the default, rm
-        (b"/build?rm=0", b"/build?rm=0"),
-        (b"/build?t=x&r%6D=False", b"/build?t=x&r%6D=False"),
-        (b"/build?rm=+no+", b"/build?rm=+no+"),
+        # Kept by the client's wish, they would be nobody's: removed all the same.
+        (b"/build?rm=0", b"/build?forcerm=1&rm=0"),
+        (b"/build?t=x&r%6D=False", b"/build?forcerm=1&t=x&r%6D=False"),
+        (b"/build?rm=+no+", b"/build?forcerm=1&rm=+no+"),
         (b"/build?rm=0x", b"/build?forcerm=1&rm=0x"),  # not a false the engine knows
         (b"/build?rm=1&rm=0", b"/build?forcerm=1&rm=1&rm=0"),
     ],
 )
-def test_a_build_removes_its_intermediate_containers_unless_asked_to_keep_them(
+def test_a_build_removes_its_intermediate_containers_whatever_rm_says(
     target: bytes, sent: bytes
 ) -> None:
     assert build_target(target) == sent

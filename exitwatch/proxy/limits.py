@@ -49,7 +49,10 @@ def of_process(shared: bool = True) -> Limits:
     """The limits that this process's task and descriptor limits allow. `shared`: clients
     are many (adopt), each held to its share; else one (run), which may hold them all."""
     found = [(MOST, "the proxy's own bound")]
-    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except OSError:  # a system call filter that denies it: the other bounds hold
+        files = resource.RLIM_INFINITY
     if files != resource.RLIM_INFINITY:
         n = (files - FDS_SPARE) // FDS_PER_CONNECTION
         found.append((n, f"RLIMIT_NOFILE {files} ({FDS_PER_CONNECTION} per connection)"))

@@ -7,6 +7,9 @@ bounded in memory by one Budget for the whole proxy, shared out by owner) and th
 (responses.py: passed on byte for byte, read only as far as their framing). Whose a
 connection's creations are is the Policy's answer (policy.py), asked once per connection:
 `exitwatch run` labels them all with its own owner, `exitwatch adopt` finds each client's.
+How many connections are served at once, in all and per client, is limits.py's: past
+either, or when no thread can be started, a client is answered 503 and closed, and the
+accept loop goes on.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 SO_PEERPIDFD = 77  # Linux 6.5; Python 3.11's socket module does not name it
 CMDLINE_MAX = 64 * 1024  # bytes of a command line matched against the rules, at most
-NAME_MAX = 100  # characters of a program's name on the label exitwatch.owner-name
+NAME_MAX = 200  # characters of a command line on the label exitwatch.owner-name
 CACHED = 4096  # processes whose namespace depth is remembered (per pid and start time)
 CONTAINERS = 1024  # containers whose name and init are remembered
 MAX_WALK = 4096  # ancestors walked at most: no process tree is this deep

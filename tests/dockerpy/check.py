@@ -1,0 +1,482 @@
+"""docker-py's own integration suite as a standing check of the two proxies (`make
+test-dockerpy`; tests/README.md, "docker-py's suite through the proxies").
+
+    python3 tests/dockerpy/check.py [--paths direct,adopt,run] [--workers N] [-k EXPR]
+
+1. docker-py's tests from its source release on PyPI (`pip download --no-binary :all:`),
+   cached under build/dockerpy/, with the tests/ of that sdist; DOCKERPY_SOURCE=FILE takes
+   them from another source archive (a .tar.gz of docker-py's repository at a tag).
+2. A throwaway venv there: pytest, the package itself, its test requirements as far as they
+   install from PyPI.
+3. A private engine (tests/support/engine.sh) with stand-ins for the images the tests use,
+   imported from Debian's busybox-static (no registry).
+4. The integration tests three ways: directly against the engine's socket, through
+   `exitwatch adopt` (a rule matches the tests' pytest), and under `exitwatch run`, each
+   with DOCKER_HOST at its socket, one after the other on the same engine, emptied between.
+5. Each test's outcome compared with the direct path's (compare.py), and what each proxied
+   path left on the engine without an exitwatch.owner label; a summary line, and a non-zero
+   exit on any difference.
+
+Run it as root from the repository (it starts dockerd), with the project's python for
+exitwatch (PYTHONPATH is set to this tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from compare import LABEL, Result, counts, differences, load, summary
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+ENGINE_SH = REPO / "tests" / "support" / "engine.sh"
+CACHE = REPO / "build" / "dockerpy"
+VERSION = os.environ.get("DOCKERPY_VERSION", "6.1.3")
+PATHS = ("direct", "adopt", "run")
+SUITE_FILES = ("tests", "pytest.ini", "requirements.txt", "test-requirements.txt")
+BUILTIN_NETWORKS = {"bridge", "host", "none"}
+TIMEOUT = 180  # seconds, per test (pytest-timeout): a hang is a failure, not a stuck check
+
+# The images docker-py's tests use, made from the suite's busybox image (engine.sh: a rootfs
+# of Debian's busybox-static, `docker import`ed) with the default command of the real ones.
+STAND_INS = ("busybox:latest", "busybox:buildroot-2014.02", "alpine:latest", "alpine:3.10")
+
+# Tests that compare a resource's labels exactly: through either proxy the created
+# resource also carries exitwatch.owner (docs/run.md, docs/adopt.md), so they fail there
+# and pass directly. compare.py allows that difference only when the failure names the
+# label. Each with the reason.
+LABEL_EXACT = {
+    "tests/integration/api_network_test.py::TestNetworks::test_create_network_with_labels": (
+        "asserts the network has exactly one label, the one it set"
+    ),
+    "tests/integration/models_volumes_test.py::VolumesTest::test_create_get": (
+        "asserts the volume's Labels equal the one it set"
+    ),
+}
+
+
+def log(msg: str) -> None:
+    print(f"dockerpy: {msg}", file=sys.stderr, flush=True)
+
+
+def run(argv: list[str], check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+    kw.setdefault("capture_output", True)
+    done = subprocess.run(argv, text=True, **kw)  # type: ignore[call-overload]
+    if check and done.returncode != 0:
+        sys.exit(f"dockerpy: {' '.join(argv)} exited {done.returncode}:\n{done.stderr}")
+    return done
+
+
+# -- the suite and its venv ------------------------------------------------------------
+
+
+def source_archive() -> Path:
+    given = os.environ.get("DOCKERPY_SOURCE")
+    if given:
+        return Path(given).resolve()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    sdist = CACHE / f"docker-{VERSION}.tar.gz"
+    if not sdist.exists():
+        log(f"downloading docker=={VERSION}'s sdist")
+        run(
+            [
+                sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:",
+                "--no-deps", f"docker=={VERSION}", "-d", str(CACHE),
+            ]
+        )  # fmt: skip
+    return sdist
+
+
+def suite(archive: Path) -> Path:
+    """docker-py's tests/ and pytest.ini, out of the archive, in a directory of their own
+    (the package itself comes from the venv, never from the archive's docker/)."""
+    where = CACHE / f"suite-{archive.name.removesuffix('.tar.gz')}"
+    if (where / "tests" / "integration").is_dir():
+        return where
+    tmp = Path(tempfile.mkdtemp(dir=CACHE))
+    with tarfile.open(archive) as tar:
+        members = [
+            m for m in tar.getmembers() if "/" in m.name and m.name.split("/", 2)[1] in SUITE_FILES
+        ]
+        if not any(m.name.split("/")[1] == "tests" for m in members):
+            sys.exit(
+                f"dockerpy: {archive.name} carries no tests/: docker-py's sdists from 7.0 "
+                "on hold the package alone (6.1.3 is the newest that carries them); give a "
+                "source archive of the repository at its tag with DOCKERPY_SOURCE=FILE"
+            )
+        tar.extractall(tmp, members=members, filter="data")
+    (top,) = tmp.iterdir()
+    shutil.rmtree(where, ignore_errors=True)
+    top.rename(where)
+    tmp.rmdir()
+    return where
+
+
+def venv(suite_dir: Path) -> Path:
+    """The throwaway venv for docker-py's tests: its python."""
+    where = CACHE / f"venv-{VERSION}"
+    py = where / "bin" / "python"
+    if (where / ".installed").exists():
+        return py
+    log(f"making the venv {where}")
+    shutil.rmtree(where, ignore_errors=True)
+    run(["/usr/bin/python3", "-m", "venv", str(where)])
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # Its own pins where the sdist has them (6.x: requirements.txt, test-requirements.txt),
+    # each alone, so that one that no longer installs (flake8's, coverage's) costs only
+    # itself; then pytest-timeout and pytest-xdist, and the package.
+    wanted: list[str] = []
+    for name in ("requirements.txt", "test-requirements.txt"):
+        f = suite_dir / name
+        if f.exists():
+            wanted += [
+                line.strip()
+                for line in f.read_text().splitlines()
+                if line.strip() and not line.startswith("#")
+            ]
+    if not wanted:  # 7.x: pyproject's extras
+        wanted = ["pytest==7.4.2", "pytest-timeout==2.1.0", "paramiko", "websocket-client"]
+    skipped = []
+    for req in wanted:
+        if run([*pip, req], check=False).returncode != 0:
+            skipped.append(req)
+    run([*pip, "pytest-timeout", "pytest-xdist", f"docker=={VERSION}", *_pins(wanted)])
+    if skipped:
+        log(f"not installed (they do not install here): {', '.join(skipped)}")
+    (where / ".installed").write_text("\n".join(wanted) + "\n")
+    return py
+
+
+def _pins(wanted: list[str]) -> list[str]:
+    """The requirements that pin requests and urllib3, so the last install keeps them
+    (requests 2.32 broke docker-py before 7.1: 'Not supported URL scheme http+docker')."""
+    return [r for r in wanted if r.split("=")[0].strip().lower() in ("requests", "urllib3")]
+
+
+# -- the engine --------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="exitwatch-dpy-", dir="/tmp"))
+        self.socket = self.dir / "docker.sock"
+        self.host = f"unix://{self.socket}"
+
+    def docker(self, *args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        return run(["docker", *args], env=env | {"DOCKER_HOST": self.host}, **kw)
+
+    def start(self) -> None:
+        run([str(ENGINE_SH), "start", str(self.dir), str(self.socket)])
+        self.stand_ins()
+
+    def purge(self) -> None:
+        run([str(ENGINE_SH), "purge", str(self.dir)], check=False)
+
+    def api_version(self) -> str:
+        return self.docker("version", "--format", "{{.Server.APIVersion}}").stdout.strip()
+
+    def stand_ins(self) -> None:
+        """Each image of STAND_INS, unless it is there: Debian's busybox-static in a rootfs
+        shaped like alpine's (its directories, its users), `docker import`ed with the real
+        images' default command (`sh`)."""
+        have = set(self.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split())
+        missing = [name for name in STAND_INS if name not in have]
+        if not missing:
+            return
+        rootfs = self.dir / "rootfs.tar"
+        stand_in_rootfs(rootfs)
+        try:
+            for name in missing:
+                self.docker(
+                    "import", "--change", f"ENV PATH={STAND_IN_PATH}", "--change", 'CMD ["sh"]',
+                    str(rootfs), name,
+                )  # fmt: skip
+        finally:
+            rootfs.unlink()
+
+    def snapshot(self) -> dict[str, set[str]]:
+        return {
+            "containers": set(self.docker("ps", "-aq", "--no-trunc").stdout.split()),
+            "networks": set(self.docker("network", "ls", "-q", "--no-trunc").stdout.split()),
+            "volumes": set(self.docker("volume", "ls", "-q").stdout.split()),
+            "images": set(self.docker("images", "-aq", "--no-trunc").stdout.split()),
+        }
+
+    def unlabelled(self, before: dict[str, set[str]]) -> list[str]:
+        """What was made since `before` and is still there without the owner label."""
+        now = self.snapshot()
+        found = []
+        for kind, inspect in (
+            ("containers", "container"),
+            ("networks", "network"),
+            ("volumes", "volume"),
+        ):
+            for ident in sorted(now[kind] - before[kind]):
+                got = self.docker(inspect, "inspect", ident, check=False)
+                if got.returncode != 0:
+                    continue  # gone since
+                (attrs,) = json.loads(got.stdout)
+                labels = (attrs.get("Config") or attrs).get("Labels") or {}
+                if LABEL in labels:
+                    continue
+                found.append(_describe(inspect, attrs))
+        return found
+
+    def empty(self, baseline_images: set[str]) -> None:
+        """Everything made since the stand-ins went, so each path starts as the first did
+        (its builds with no cache to hit)."""
+        if ids := self.docker("ps", "-aq").stdout.split():
+            self.docker("rm", "-fv", *ids, check=False)
+        networks = self.docker("network", "ls", "--format", "{{.ID}} {{.Name}}").stdout
+        for line in networks.splitlines():
+            ident, name = line.split()
+            if name not in BUILTIN_NETWORKS:
+                self.docker("network", "rm", ident, check=False)
+        if vols := self.docker("volume", "ls", "-q").stdout.split():
+            self.docker("volume", "rm", "-f", *vols, check=False)
+        images = set(self.docker("images", "-aq", "--no-trunc").stdout.split()) - baseline_images
+        if images:
+            self.docker("rmi", "-f", *sorted(images), check=False)
+        self.docker("builder", "prune", "-af", check=False)
+        self.stand_ins()
+
+
+def _describe(kind: str, attrs: dict) -> str:
+    if kind == "container":
+        cfg = attrs.get("Config") or {}
+        cmd = " ".join(cfg.get("Cmd") or [])
+        name = attrs.get("Name", "").lstrip("/")
+        return (
+            f"container {name} ({attrs['Id'][:12]}, image {cfg.get('Image')}, "
+            f"command {cmd!r}, labels {cfg.get('Labels') or {}})"
+        )
+    name = attrs.get("Name", "")
+    return f"{kind} {name} (labels {attrs.get('Labels') or {}})"
+
+
+STAND_IN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+STAND_IN_DIRS = (
+    "bin", "dev", "etc", "home", "lib", "media", "mnt", "opt", "proc", "root", "run", "sbin",
+    "srv", "sys", "tmp", "usr", "usr/bin", "usr/sbin", "usr/local", "usr/local/bin", "var",
+    "var/cache", "var/empty", "var/lib", "var/local", "var/lock", "var/log", "var/mail",
+    "var/opt", "var/spool", "var/tmp",
+)  # fmt: skip
+# alpine's own users and groups, those the tests name (postgres) among them.
+STAND_IN_PASSWD = """\
+root:x:0:0:root:/root:/bin/sh
+bin:x:1:1:bin:/bin:/sbin/nologin
+daemon:x:2:2:daemon:/sbin:/sbin/nologin
+adm:x:3:4:adm:/var/adm:/sbin/nologin
+lp:x:4:7:lp:/var/spool/lpd:/sbin/nologin
+sync:x:5:0:sync:/sbin:/bin/sync
+shutdown:x:6:0:shutdown:/sbin:/sbin/shutdown
+halt:x:7:0:halt:/sbin:/sbin/halt
+mail:x:8:12:mail:/var/mail:/sbin/nologin
+news:x:9:13:news:/usr/lib/news:/sbin/nologin
+operator:x:11:0:operator:/root:/sbin/nologin
+man:x:13:15:man:/usr/man:/sbin/nologin
+postmaster:x:14:12:postmaster:/var/mail:/sbin/nologin
+cron:x:16:16:cron:/var/spool/cron:/sbin/nologin
+ftp:x:21:21::/var/lib/ftp:/sbin/nologin
+sshd:x:22:22:sshd:/dev/null:/sbin/nologin
+at:x:25:25:at:/var/spool/cron/atjobs:/sbin/nologin
+squid:x:31:31:Squid:/var/cache/squid:/sbin/nologin
+xfs:x:33:33:X Font Server:/etc/X11/fs:/sbin/nologin
+games:x:35:35:games:/usr/games:/sbin/nologin
+postgres:x:70:70::/var/lib/postgresql:/bin/sh
+cyrus:x:85:12::/usr/cyrus:/sbin/nologin
+vpopmail:x:89:89::/var/vpopmail:/sbin/nologin
+ntp:x:123:123:NTP:/var/empty:/sbin/nologin
+smmsp:x:209:209:smmsp:/var/spool/mqueue:/sbin/nologin
+guest:x:405:100:guest:/dev/null:/sbin/nologin
+nobody:x:65534:65534:nobody:/:/sbin/nologin
+"""
+STAND_IN_GROUP = """\
+root:x:0:root
+bin:x:1:root,bin,daemon
+daemon:x:2:root,bin,daemon
+adm:x:4:root,adm,daemon
+mail:x:12:mail
+postgres:x:70:
+users:x:100:games
+nogroup:x:65533:
+nobody:x:65534:
+"""
+
+
+def stand_in_rootfs(where: Path, busybox: Path = Path("/bin/busybox")) -> None:
+    """A tar of a rootfs shaped like alpine's, with Debian's busybox-static and its
+    applets' links in /bin (engine.sh's test image, with alpine's directories and users)."""
+    applets = run([str(busybox), "--list"]).stdout.split()
+
+    def entry(name: str, kind: bytes, mode: int, data: bytes = b"", link: str = "") -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.linkname, info.size = kind, mode, link, len(data)
+        tar.addfile(info, io.BytesIO(data) if data else None)
+
+    with tarfile.open(where, "w") as tar:
+        for d in STAND_IN_DIRS:
+            entry(d, tarfile.DIRTYPE, 0o1777 if d in ("tmp", "var/tmp") else 0o755)
+        entry("bin/busybox", tarfile.REGTYPE, 0o755, busybox.read_bytes())
+        for applet in applets:
+            if applet != "busybox":
+                entry(f"bin/{applet}", tarfile.SYMTYPE, 0o777, link="busybox")
+        entry("etc/passwd", tarfile.REGTYPE, 0o644, STAND_IN_PASSWD.encode())
+        entry("etc/group", tarfile.REGTYPE, 0o644, STAND_IN_GROUP.encode())
+        entry("etc/hostname", tarfile.REGTYPE, 0o644, b"localhost\n")
+
+
+# -- the three paths -----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def adopting(engine: Engine, rule: str, logs: Path) -> Iterator[str]:
+    """`exitwatch adopt` in front of the engine, as tests/support/adopt.py starts it; its
+    DOCKER_HOST."""
+    where = Path(tempfile.mkdtemp(prefix="exitwatch-dpya-", dir="/tmp"))
+    listen = where / "docker.sock"
+    argv = [sys.executable, "-m", "exitwatch", "adopt", "--docker-host", engine.host]
+    argv += ["--listen", str(listen), "--rule", rule]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "LISTEN_"))}
+    env["PYTHONPATH"] = str(REPO)
+    logfile = logs / "adopt-service.log"
+    logfile.unlink(missing_ok=True)
+    with logfile.open("ab") as err:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd="/"
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while "ready: serving" not in logfile.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"dockerpy: exitwatch adopt did not start:\n{logfile.read_text()}")
+            time.sleep(0.1)
+        yield f"unix://{listen}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def pytest_argv(py: Path, args: argparse.Namespace) -> list[str]:
+    argv = [str(py), "-m", "pytest", "tests/integration", "-p", "exitwatch_dockerpy"]
+    argv += ["-p", "no:cacheprovider", "-q", "--timeout", str(TIMEOUT), "-o", "addopts="]
+    if args.workers:
+        argv += ["-n", str(args.workers)]
+    if args.k:
+        argv += ["-k", args.k]
+    return argv
+
+
+def run_path(
+    path: str, engine: Engine, py: Path, suite_dir: Path, args: argparse.Namespace, out: Path
+) -> tuple[dict[str, Result], float]:
+    outcomes = out / f"{path}.json"
+    outcomes.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "PYTEST_"))}
+    # A HOME of its own: the context tests write ~/.docker/contexts.
+    home = out / f"home-{path}"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir()
+    env |= {
+        "HOME": str(home),
+        "DOCKERPY_OUTCOMES": str(outcomes),
+        "DOCKER_TEST_API_VERSION": engine.api_version(),
+        "PYTHONPATH": str(HERE),
+    }
+    argv = pytest_argv(py, args)
+    logfile = out / f"{path}.log"
+    start = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        if path == "direct":
+            env["DOCKER_HOST"] = engine.host
+        elif path == "adopt":
+            rule = f"{py} -m pytest *"
+            env["DOCKER_HOST"] = stack.enter_context(adopting(engine, rule, out))
+        else:  # run: the wrapper forwards to the caller's DOCKER_HOST, CMD gets its socket
+            env["DOCKER_HOST"] = engine.host
+            env["PYTHONPATH"] = str(REPO)
+            wrapper = [sys.executable, "-m", "exitwatch", "run", "--"]
+            argv = [*wrapper, "env", f"PYTHONPATH={HERE}", *argv]
+        with logfile.open("w") as f:
+            done = subprocess.run(argv, cwd=suite_dir, env=env, stdout=f, stderr=subprocess.STDOUT)
+    took = time.monotonic() - start
+    tail = logfile.read_text(errors="replace").strip().splitlines()[-1:]
+    log(f"{path}: pytest exited {done.returncode} in {took:.0f} s: {' '.join(tail)}")
+    if not outcomes.exists():
+        sys.exit(f"dockerpy: the {path} path wrote no outcomes; its log: {logfile}")
+    return load(outcomes), took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (<= 2)")
+    parser.add_argument("-k", default="", help="pytest -k, to run some tests only")
+    args = parser.parse_args()
+    paths = [p for p in args.paths.split(",") if p]
+    if paths[0] != "direct" or not set(paths) <= set(PATHS):
+        parser.error(f"--paths: direct first, then any of {PATHS[1:]}")
+
+    suite_dir = suite(source_archive())
+    py = venv(suite_dir)
+    out = CACHE / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    engine = Engine()
+    try:
+        engine.start()
+        baseline = engine.snapshot()["images"]
+        results: dict[str, dict[str, Result]] = {}
+        took: dict[str, float] = {}
+        leftovers: dict[str, list[str]] = {}
+        for path in paths:
+            before = engine.snapshot()
+            results[path], took[path] = run_path(path, engine, py, suite_dir, args, out)
+            if path != "direct":
+                leftovers[path] = engine.unlabelled(before)
+            engine.empty(baseline)
+    finally:
+        engine.purge()
+    return report(results, took, leftovers)
+
+
+def report(
+    results: dict[str, dict[str, Result]],
+    took: dict[str, float],
+    leftovers: dict[str, list[str]],
+) -> int:
+    direct = results["direct"]
+    proxied = {p: r for p, r in results.items() if p != "direct"}
+    found = differences(direct, proxied, LABEL_EXACT)
+    for path, outcomes in results.items():
+        tally = ", ".join(f"{n} {o}" for o, n in counts(outcomes).items())
+        print(f"{path}: {took[path]:.0f} s: {tally}")
+    for d in found:
+        print(("allowed " if d.allowed else "DIFFERS ") + d.describe())
+    for path, left in leftovers.items():
+        for what in left:
+            print(f"UNLABELLED after the {path} path: {what}")
+    passed, failed = summary(direct, proxied, found, leftovers)
+    print(f"dockerpy: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The outcome comparison of the docker-py check (tests/dockerpy/check.py): each docker-py
+test's outcome through a proxy against its outcome on the direct path.
+
+Pure logic, no engine: tests/unit/test_dockerpy_compare.py tests it. The outcomes come from
+the plugin that runs inside docker-py's pytest (plugin.py), one JSON file per path:
+{nodeid: {"outcome": ..., "detail": ...}}.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+LABEL = "exitwatch.owner"  # the label both proxies add (exitwatch/contract.py's LABEL_OWNER)
+ABSENT = "absent"  # a test one path ran and another did not
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: str  # passed, failed, error, skipped, xfailed, xpassed (plugin.py)
+    detail: str = ""  # the end of the failure's report, where it failed
+
+
+@dataclass(frozen=True)
+class Difference:
+    test: str
+    path: str
+    direct: Result
+    proxied: Result
+    allowed: str = ""  # the reason it is allowed, or "" for a real difference
+
+    def describe(self) -> str:
+        line = f"{self.test}: direct {self.direct.outcome}, {self.path} {self.proxied.outcome}"
+        if self.allowed:
+            return f"{line} (allowed: {self.allowed})"
+        detail = self.proxied.detail or self.direct.detail
+        return f"{line}\n    {detail.strip().splitlines()[-1] if detail.strip() else ''}"
+
+
+def load(path: Path) -> dict[str, Result]:
+    """One path's outcomes, as plugin.py wrote them."""
+    raw = json.loads(path.read_text())
+    return {test: Result(r["outcome"], r.get("detail", "")) for test, r in raw.items()}
+
+
+def differences(
+    direct: Mapping[str, Result],
+    proxied: Mapping[str, Mapping[str, Result]],
+    allowed: Mapping[str, str],
+) -> list[Difference]:
+    """Every test whose outcome on a proxied path differs from the direct path's.
+
+    A test of `allowed` (its nodeid, the reason) may fail through a proxy where it passed
+    directly, but only when the failure names the label the proxy added: any other
+    failure of the same test is a difference like any other."""
+    found = []
+    for path, outcomes in proxied.items():
+        for test in sorted(set(direct) | set(outcomes)):
+            d = direct.get(test, Result(ABSENT))
+            p = outcomes.get(test, Result(ABSENT))
+            if d.outcome == p.outcome:
+                continue
+            reason = ""
+            if (
+                test in allowed
+                and d.outcome == "passed"
+                and p.outcome == "failed"
+                and LABEL in p.detail
+            ):
+                reason = allowed[test]
+            found.append(Difference(test, path, d, p, reason))
+    return found
+
+
+def counts(outcomes: Mapping[str, Result]) -> dict[str, int]:
+    """How many tests had each outcome."""
+    tally: dict[str, int] = {}
+    for r in outcomes.values():
+        tally[r.outcome] = tally.get(r.outcome, 0) + 1
+    return dict(sorted(tally.items()))
+
+
+def summary(
+    direct: Mapping[str, Result],
+    proxied: Mapping[str, Mapping[str, Result]],
+    found: list[Difference],
+    leftovers: Mapping[str, list[str]],
+) -> tuple[int, int]:
+    """(passed, failed) checks: one per test (it passed when its outcome on every proxied
+    path is the direct path's, or an allowed difference), and one per proxied path for
+    what it left unlabelled on the engine."""
+    tests = set(direct)
+    for outcomes in proxied.values():
+        tests |= set(outcomes)
+    bad = {d.test for d in found if not d.allowed}
+    failed = len(bad) + sum(1 for path in proxied if leftovers.get(path))
+    passed = len(tests - bad) + sum(1 for path in proxied if not leftovers.get(path))
+    return passed, failed

@@ -143,3 +143,11 @@ test-debian13:
 .PHONY: soak
 soak: deps
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(VPY) -m soak
+
+# docker-py's own integration suite, run directly and through both proxies (`exitwatch adopt`,
+# `exitwatch run`) against a private engine, each test's outcome compared with the direct
+# path's (tests/dockerpy/check.py; tests/README.md, "docker-py's suite through the
+# proxies"). About 11 minutes here: never part of `make test`. ARGS: check.py's options.
+.PHONY: test-dockerpy
+test-dockerpy: venv
+	PYTHONPATH=$(CURDIR) $(VPY) tests/dockerpy/check.py $(ARGS)

@@ -37,7 +37,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from compare import LABEL, Result, counts, differences, load, summary
+from compare import (
+    ABSENT,
+    LABEL,
+    Difference,
+    Result,
+    counts,
+    differences,
+    load,
+    reproduced,
+    summary,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -215,6 +225,16 @@ class Engine:
             "images": set(self.docker("images", "-aq", "--no-trunc").stdout.split()),
         }
 
+    def left(self, before: dict[str, set[str]]) -> list[str]:
+        """How many containers, networks and volumes were made since `before` and are
+        still there, labelled or not."""
+        now = self.snapshot()
+        return [
+            f"{len(now[kind] - before[kind])} {kind}"
+            for kind in ("containers", "networks", "volumes")
+            if now[kind] - before[kind]
+        ]
+
     def unlabelled(self, before: dict[str, set[str]]) -> list[str]:
         """What was made since `before` and is still there without the owner label."""
         now = self.snapshot()
@@ -375,8 +395,8 @@ def adopting(engine: Engine, rule: str, logs: Path) -> Iterator[str]:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def pytest_argv(py: Path, args: argparse.Namespace) -> list[str]:
-    argv = [str(py), "-m", "pytest", "tests/integration", "-p", "exitwatch_dockerpy"]
+def pytest_argv(py: Path, args: argparse.Namespace, tests: list[str]) -> list[str]:
+    argv = [str(py), "-m", "pytest", *(tests or ["tests/integration"]), "-p", "exitwatch_dockerpy"]
     argv += ["-p", "no:cacheprovider", "-q", "--timeout", str(TIMEOUT), "-o", "addopts="]
     if args.workers:
         argv += ["-n", str(args.workers)]
@@ -386,9 +406,18 @@ def pytest_argv(py: Path, args: argparse.Namespace) -> list[str]:
 
 
 def run_path(
-    path: str, engine: Engine, py: Path, suite_dir: Path, args: argparse.Namespace, out: Path
+    path: str,
+    engine: Engine,
+    py: Path,
+    suite_dir: Path,
+    args: argparse.Namespace,
+    out: Path,
+    tests: list[str] | None = None,
+    name: str = "",
 ) -> tuple[dict[str, Result], float]:
-    outcomes = out / f"{path}.json"
+    """Docker-py's tests (all, or `tests`) on `path`: each test's outcome, and the time."""
+    name = name or path
+    outcomes = out / f"{name}.json"
     outcomes.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "PYTEST_"))}
     # A HOME of its own: the context tests write ~/.docker/contexts.
@@ -401,8 +430,8 @@ def run_path(
         "DOCKER_TEST_API_VERSION": engine.api_version(),
         "PYTHONPATH": str(HERE),
     }
-    argv = pytest_argv(py, args)
-    logfile = out / f"{path}.log"
+    argv = pytest_argv(py, args, tests or [])
+    logfile = out / f"{name}.log"
     start = time.monotonic()
     with contextlib.ExitStack() as stack:
         if path == "direct":
@@ -419,9 +448,9 @@ def run_path(
             done = subprocess.run(argv, cwd=suite_dir, env=env, stdout=f, stderr=subprocess.STDOUT)
     took = time.monotonic() - start
     tail = logfile.read_text(errors="replace").strip().splitlines()[-1:]
-    log(f"{path}: pytest exited {done.returncode} in {took:.0f} s: {' '.join(tail)}")
+    log(f"{name}: pytest exited {done.returncode} in {took:.0f} s: {' '.join(tail)}")
     if not outcomes.exists():
-        sys.exit(f"dockerpy: the {path} path wrote no outcomes; its log: {logfile}")
+        sys.exit(f"dockerpy: the {name} run wrote no outcomes; its log: {logfile}")
     return load(outcomes), took
 
 
@@ -437,7 +466,7 @@ def main() -> int:
 
     suite_dir = suite(source_archive())
     py = venv(suite_dir)
-    out = CACHE / "results"
+    out = CACHE / f"results-{VERSION}"
     out.mkdir(parents=True, exist_ok=True)
     engine = Engine()
     try:
@@ -449,27 +478,60 @@ def main() -> int:
         for path in paths:
             before = engine.snapshot()
             results[path], took[path] = run_path(path, engine, py, suite_dir, args, out)
+            left = engine.left(before)
+            log(f"{path}: left on the engine: {', '.join(left) or 'nothing'}")
             if path != "direct":
                 leftovers[path] = engine.unlabelled(before)
             engine.empty(baseline)
+        direct = results["direct"]
+        proxied = {p: r for p, r in results.items() if p != "direct"}
+        found = [
+            confirm(d, engine, py, suite_dir, args, out, baseline)
+            for d in differences(direct, proxied, LABEL_EXACT)
+        ]
     finally:
         engine.purge()
-    return report(results, took, leftovers)
+    return report(results, took, leftovers, found)
+
+
+RERUNS = 3  # times a differing test is run again on each of its two paths
+
+
+def confirm(
+    d: Difference,
+    engine: Engine,
+    py: Path,
+    suite_dir: Path,
+    args: argparse.Namespace,
+    out: Path,
+    baseline: set[str],
+) -> Difference:
+    """`d`, unless allowed, with its test run again RERUNS times on the direct path and on
+    its own, alone on an emptied engine: flaky unless each rerun gives the same outcomes."""
+    if d.allowed:
+        return d
+    reruns: dict[str, list[Result]] = {"direct": [], d.path: []}
+    for i in range(RERUNS):
+        for path in reruns:
+            got, _ = run_path(path, engine, py, suite_dir, args, out, [d.test], f"rerun-{path}-{i}")
+            reruns[path].append(got.get(d.test, Result(ABSENT)))
+            engine.empty(baseline)
+    return reproduced(d, reruns["direct"], reruns[d.path])
 
 
 def report(
     results: dict[str, dict[str, Result]],
     took: dict[str, float],
     leftovers: dict[str, list[str]],
+    found: list[Difference],
 ) -> int:
     direct = results["direct"]
     proxied = {p: r for p, r in results.items() if p != "direct"}
-    found = differences(direct, proxied, LABEL_EXACT)
     for path, outcomes in results.items():
         tally = ", ".join(f"{n} {o}" for o, n in counts(outcomes).items())
         print(f"{path}: {took[path]:.0f} s: {tally}")
     for d in found:
-        print(("allowed " if d.allowed else "DIFFERS ") + d.describe())
+        print(("allowed " if d.allowed else "flaky " if d.flaky else "DIFFERS ") + d.describe())
     for path, left in leftovers.items():
         for what in left:
             print(f"UNLABELLED after the {path} path: {what}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 LABEL = "exitwatch.owner"  # the label both proxies add (exitwatch/contract.py's LABEL_OWNER)
@@ -30,11 +30,14 @@ class Difference:
     direct: Result
     proxied: Result
     allowed: str = ""  # the reason it is allowed, or "" for a real difference
+    flaky: str = ""  # how its reruns went, when they did not give the same difference
 
     def describe(self) -> str:
         line = f"{self.test}: direct {self.direct.outcome}, {self.path} {self.proxied.outcome}"
         if self.allowed:
             return f"{line} (allowed: {self.allowed})"
+        if self.flaky:
+            return f"{line} (not reproduced: {self.flaky})"
         detail = self.proxied.detail or self.direct.detail
         return f"{line}\n    {detail.strip().splitlines()[-1] if detail.strip() else ''}"
 
@@ -74,6 +77,20 @@ def differences(
     return found
 
 
+def reproduced(d: Difference, direct: list[Result], proxied: list[Result]) -> Difference:
+    """`d`, marked flaky unless every rerun of its test on the direct path gave the direct
+    outcome again and every rerun on its proxied path the proxied outcome again."""
+    if all(r.outcome == d.direct.outcome for r in direct) and all(
+        r.outcome == d.proxied.outcome for r in proxied
+    ):
+        return d
+    runs = "; ".join(
+        f"{path} {', '.join(r.outcome for r in results)}"
+        for path, results in (("direct", direct), (d.path, proxied))
+    )
+    return replace(d, flaky=f"reruns: {runs}")
+
+
 def counts(outcomes: Mapping[str, Result]) -> dict[str, int]:
     """How many tests had each outcome."""
     tally: dict[str, int] = {}
@@ -89,12 +106,13 @@ def summary(
     leftovers: Mapping[str, list[str]],
 ) -> tuple[int, int]:
     """(passed, failed) checks: one per test (it passed when its outcome on every proxied
-    path is the direct path's, or an allowed difference), and one per proxied path for
+    path is the direct path's, or an allowed difference, or one its reruns did not give
+    again), and one per proxied path for
     what it left unlabelled on the engine."""
     tests = set(direct)
     for outcomes in proxied.values():
         tests |= set(outcomes)
-    bad = {d.test for d in found if not d.allowed}
+    bad = {d.test for d in found if not d.allowed and not d.flaky}
     failed = len(bad) + sum(1 for path in proxied if leftovers.get(path))
     passed = len(tests - bad) + sum(1 for path in proxied if not leftovers.get(path))
     return passed, failed

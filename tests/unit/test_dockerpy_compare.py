@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dockerpy.compare import Result, counts, differences, load, summary
+from dockerpy.compare import Result, counts, differences, load, reproduced, summary
 
 PASS = Result("passed")
 FAIL = Result("failed", "E   AssertionError: assert {'a': 'b'} == {'a': 'b'}\n")
@@ -90,3 +90,20 @@ def test_counts_and_load(tmp_path) -> None:
     got = load(f)
     assert got["b"] == Result("failed", "E   boom")
     assert counts(got) == {"failed": 1, "passed": 2}
+
+
+def test_a_difference_its_reruns_give_again_stays() -> None:
+    (d,) = differences({"t": PASS}, {"run": {"t": FAIL}}, {})
+    same = reproduced(d, [PASS, PASS], [FAIL, FAIL])
+    assert same.flaky == ""
+    assert summary({"t": PASS}, {"run": {"t": FAIL}}, [same], {}) == (1, 1)
+
+
+def test_a_difference_its_reruns_do_not_give_again_is_flaky_and_passes() -> None:
+    (d,) = differences({"t": PASS}, {"run": {"t": FAIL}}, {})
+    for direct, proxied in (([PASS, FAIL], [FAIL, FAIL]), ([PASS, PASS], [FAIL, PASS])):
+        flaky = reproduced(d, direct, proxied)
+        assert flaky.flaky.startswith("reruns: direct")
+        assert summary({"t": PASS}, {"run": {"t": FAIL}}, [flaky], {}) == (2, 0)
+    assert reproduced(d, [], []).flaky == ""  # no rerun proves nothing: it stays
+    assert "not reproduced" in reproduced(d, [PASS], [PASS]).describe()

@@ -44,8 +44,11 @@ from compare import (
     Result,
     counts,
     differences,
+    engine_time,
     load,
+    made_during,
     reproduced,
+    spans,
     summary,
 )
 
@@ -61,7 +64,7 @@ TIMEOUT = 180  # seconds, per test (pytest-timeout): a hang is a failure, not a 
 
 # The images docker-py's tests use, made from the suite's busybox image (engine.sh: a rootfs
 # of Debian's busybox-static, `docker import`ed) with the default command of the real ones.
-STAND_INS = ("busybox:latest", "busybox:buildroot-2014.02", "alpine:latest", "alpine:3.10")
+STAND_INS = ("busybox:latest", "alpine:latest", "alpine:3.10")
 
 # Tests that compare a resource's labels exactly: through either proxy the created
 # resource also carries exitwatch.owner (docs/run.md, docs/adopt.md), so they fail there
@@ -235,8 +238,11 @@ class Engine:
             if now[kind] - before[kind]
         ]
 
-    def unlabelled(self, before: dict[str, set[str]]) -> list[str]:
-        """What was made since `before` and is still there without the owner label."""
+    def unlabelled(
+        self, before: dict[str, set[str]], ran: dict[str, tuple[float, float]]
+    ) -> list[str]:
+        """What was made since `before` and is still there without the owner label, each
+        with the test that was running when it was made (`ran`: when each test ran)."""
         now = self.snapshot()
         found = []
         for kind, inspect in (
@@ -252,7 +258,7 @@ class Engine:
                 labels = (attrs.get("Config") or attrs).get("Labels") or {}
                 if LABEL in labels:
                     continue
-                found.append(_describe(inspect, attrs))
+                found.append(_describe(inspect, attrs, ran))
         return found
 
     def empty(self, baseline_images: set[str]) -> None:
@@ -274,7 +280,16 @@ class Engine:
         self.stand_ins()
 
 
-def _describe(kind: str, attrs: dict) -> str:
+def _describe(kind: str, attrs: dict, ran: dict[str, tuple[float, float]]) -> str:
+    created = attrs.get("Created") or attrs.get("CreatedAt") or ""
+    try:
+        test = made_during(engine_time(created), ran) or "no test (between tests)"
+    except ValueError:
+        test = "unknown"
+    return f"{_what(kind, attrs)}, made {created} during {test}"
+
+
+def _what(kind: str, attrs: dict) -> str:
     if kind == "container":
         cfg = attrs.get("Config") or {}
         cmd = " ".join(cfg.get("Cmd") or [])
@@ -420,10 +435,15 @@ def run_path(
     outcomes = out / f"{name}.json"
     outcomes.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "PYTEST_"))}
-    # A HOME of its own: the context tests write ~/.docker/contexts.
-    home = out / f"home-{path}"
+    # A HOME of its own, with a ~/.docker/config.json: docker-py's context tests write
+    # their contexts beside the config file it finds, or, finding none, in the working
+    # directory, where they would outlive the run (and a test that leaves one there fails
+    # its neighbours in every later run).
+    home = out / f"home-{name}"
     shutil.rmtree(home, ignore_errors=True)
-    home.mkdir()
+    (home / ".docker").mkdir(parents=True)
+    (home / ".docker" / "config.json").write_text("{}\n")
+    shutil.rmtree(suite_dir / "contexts", ignore_errors=True)
     env |= {
         "HOME": str(home),
         "DOCKERPY_OUTCOMES": str(outcomes),
@@ -481,7 +501,7 @@ def main() -> int:
             left = engine.left(before)
             log(f"{path}: left on the engine: {', '.join(left) or 'nothing'}")
             if path != "direct":
-                leftovers[path] = engine.unlabelled(before)
+                leftovers[path] = engine.unlabelled(before, spans(out / f"{path}.json"))
             engine.empty(baseline)
         direct = results["direct"]
         proxied = {p: r for p, r in results.items() if p != "direct"}

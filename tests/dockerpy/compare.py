@@ -9,8 +9,10 @@ the plugin that runs inside docker-py's pytest (plugin.py), one JSON file per pa
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 LABEL = "exitwatch.owner"  # the label both proxies add (exitwatch/contract.py's LABEL_OWNER)
@@ -89,6 +91,31 @@ def reproduced(d: Difference, direct: list[Result], proxied: list[Result]) -> Di
         for path, results in (("direct", direct), (d.path, proxied))
     )
     return replace(d, flaky=f"reruns: {runs}")
+
+
+def spans(path: Path) -> dict[str, tuple[float, float]]:
+    """When each test of one path ran, as plugin.py wrote it: {nodeid: (start, stop)}."""
+    raw = json.loads(path.read_text())
+    return {t: (r["start"], r["stop"]) for t, r in raw.items() if "start" in r and "stop" in r}
+
+
+def engine_time(created: str) -> float:
+    """The epoch seconds of an engine's timestamp (`2026-12-04T21:10:00.123456789Z`,
+    nanoseconds and all, which datetime cannot read)."""
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", created)
+    if not m:
+        raise ValueError(f"not an engine timestamp: {created!r}")
+    zone = "+00:00" if m[3] == "Z" else m[3]
+    whole = datetime.fromisoformat(m[1] + zone).timestamp()
+    return whole + float(f"0.{m[2] or 0}")
+
+
+def made_during(when: float, ran: Mapping[str, tuple[float, float]]) -> str:
+    """The test that was running at `when`, or "" if none was."""
+    for test, (start, stop) in ran.items():
+        if start <= when <= stop:
+            return test
+    return ""
 
 
 def counts(outcomes: Mapping[str, Result]) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """A pytest plugin loaded into docker-py's own test run (`-p exitwatch_dockerpy`, by
 tests/dockerpy/check.py): it skips what needs what the private engine has not, and writes
-each test's outcome to the JSON file DOCKERPY_OUTCOMES names.
+each test's outcome, and when it ran, to the JSON file DOCKERPY_OUTCOMES names.
 
 It runs on the throwaway venv's python, with docker-py's tests, never with exitwatch: it
 imports nothing but pytest and the standard library.
@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import json
 import os
+import time
 
 import pytest
 
@@ -76,6 +77,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _outcomes: dict[str, dict[str, str]] = {}
+_times: dict[str, dict[str, float]] = {}  # when each test began and ended, for check.py
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    _times[nodeid] = {"start": time.time()}
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    _times.setdefault(nodeid, {})["stop"] = time.time()
 
 
 def _detail(report: pytest.TestReport) -> str:
@@ -107,5 +117,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     where = os.environ.get("DOCKERPY_OUTCOMES")
     if not where or hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller gets its reports and writes them all
+    found = {test: {**r, **_times.get(test, {})} for test, r in _outcomes.items()}
     with open(where, "w") as f:
-        json.dump(_outcomes, f, indent=1, sort_keys=True)
+        json.dump(found, f, indent=1, sort_keys=True)

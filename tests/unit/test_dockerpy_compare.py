@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import json
 
-from dockerpy.compare import Result, counts, differences, load, reproduced, summary
+from dockerpy.compare import (
+    Result,
+    counts,
+    differences,
+    engine_time,
+    load,
+    made_during,
+    reproduced,
+    summary,
+)
 
 PASS = Result("passed")
 FAIL = Result("failed", "E   AssertionError: assert {'a': 'b'} == {'a': 'b'}\n")
@@ -107,3 +116,12 @@ def test_a_difference_its_reruns_do_not_give_again_is_flaky_and_passes() -> None
         assert summary({"t": PASS}, {"run": {"t": FAIL}}, [flaky], {}) == (2, 0)
     assert reproduced(d, [], []).flaky == ""  # no rerun proves nothing: it stays
     assert "not reproduced" in reproduced(d, [PASS], [PASS]).describe()
+
+
+def test_a_leftover_is_named_by_the_test_that_ran_when_it_was_made() -> None:
+    t = engine_time("2026-12-04T21:10:00.250000000Z")
+    assert t == engine_time("2026-12-04T21:10:00Z") + 0.25
+    assert engine_time("2026-12-04T22:10:00+01:00") == engine_time("2026-12-04T21:10:00Z")
+    ran = {"a": (t - 10, t - 1), "b": (t - 1, t + 1)}
+    assert made_during(t, ran) == "b"
+    assert made_during(t + 5, ran) == ""

@@ -29,6 +29,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -118,7 +119,6 @@ def suite(archive: Path) -> Path:
     where = CACHE / f"suite-{archive.name.removesuffix('.tar.gz')}"
     if (where / "tests" / "integration").is_dir():
         return where
-    tmp = Path(tempfile.mkdtemp(dir=CACHE))
     with tarfile.open(archive) as tar:
         members = [
             m for m in tar.getmembers() if "/" in m.name and m.name.split("/", 2)[1] in SUITE_FILES
@@ -129,12 +129,23 @@ def suite(archive: Path) -> Path:
                 "on hold the package alone (6.1.3 is the newest that carries them); give a "
                 "source archive of the repository at its tag with DOCKERPY_SOURCE=FILE"
             )
-        tar.extractall(tmp, members=members, filter="data")
+        tmp = Path(tempfile.mkdtemp(dir=CACHE))
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 on; Debian 12's is 3.11.2
+            tar.extractall(tmp, members=members, filter="data")
+        else:
+            tar.extractall(tmp, members=[m for m in members if _inside(m)])
     (top,) = tmp.iterdir()
     shutil.rmtree(where, ignore_errors=True)
     top.rename(where)
     tmp.rmdir()
     return where
+
+
+def _inside(m: tarfile.TarInfo) -> bool:
+    """Whether a member stays inside the directory it is extracted into (what the "data"
+    filter checks, for Pythons without it)."""
+    names = [m.name] + ([m.linkname] if m.issym() or m.islnk() else [])
+    return all(not n.startswith("/") and ".." not in Path(n).parts for n in names)
 
 
 def venv(suite_dir: Path) -> Path:
@@ -484,6 +495,9 @@ def main() -> int:
     if paths[0] != "direct" or not set(paths) <= set(PATHS):
         parser.error(f"--paths: direct first, then any of {PATHS[1:]}")
 
+    # A SIGTERM (make's, a CI's) ends the run through the `finally` below, so the engine
+    # is purged, not left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     suite_dir = suite(source_archive())
     py = venv(suite_dir)
     out = CACHE / f"results-{VERSION}"

@@ -207,7 +207,27 @@ class Engine:
         self.stand_ins()
 
     def purge(self) -> None:
+        """Stop it and remove its directory, and the host bridges of its networks, which
+        dockerd leaves behind when it stops (and a stale endpoint keeps a network)."""
+        bridges = self.bridges()
         run([str(ENGINE_SH), "purge", str(self.dir)], check=False)
+        for bridge in bridges:
+            remove_bridge(bridge)
+
+    def bridges(self) -> list[str]:
+        """The host bridge of each of its bridge networks but the default."""
+        got = self.docker("network", "ls", "-q", "--no-trunc", "--filter", "driver=bridge")
+        found = []
+        for ident in got.stdout.split():
+            inspected = self.docker("network", "inspect", ident, check=False)
+            if inspected.returncode != 0:
+                continue
+            (attrs,) = json.loads(inspected.stdout)
+            if attrs["Name"] in BUILTIN_NETWORKS:
+                continue
+            options = attrs.get("Options") or {}
+            found.append(options.get("com.docker.network.bridge.name") or f"br-{ident[:12]}")
+        return found
 
     def api_version(self) -> str:
         return self.docker("version", "--format", "{{.Server.APIVersion}}").stdout.strip()
@@ -280,8 +300,20 @@ class Engine:
         networks = self.docker("network", "ls", "--format", "{{.ID}} {{.Name}}").stdout
         for line in networks.splitlines():
             ident, name = line.split()
-            if name not in BUILTIN_NETWORKS:
-                self.docker("network", "rm", ident, check=False)
+            if name in BUILTIN_NETWORKS:
+                continue
+            # dockerd 20.10 keeps the endpoint of a running container that was connected to
+            # a network and then removed (api_network_test's test_connect_with_aliases):
+            # only a forced disconnect lets the network go, and its bridge with it.
+            inspected = self.docker("network", "inspect", ident, check=False)
+            if inspected.returncode == 0:
+                (attrs,) = json.loads(inspected.stdout)
+                for container, endpoint in (attrs.get("Containers") or {}).items():
+                    for name in (container, endpoint.get("Name", "")):
+                        gone = self.docker("network", "disconnect", "-f", ident, name, check=False)
+                        if gone.returncode == 0:
+                            break
+            self.docker("network", "rm", ident, check=False)
         if vols := self.docker("volume", "ls", "-q").stdout.split():
             self.docker("volume", "rm", "-f", *vols, check=False)
         images = set(self.docker("images", "-aq", "--no-trunc").stdout.split()) - baseline_images
@@ -289,6 +321,16 @@ class Engine:
             self.docker("rmi", "-f", *sorted(images), check=False)
         self.docker("builder", "prune", "-af", check=False)
         self.stand_ins()
+
+
+def remove_bridge(name: str) -> None:
+    """The host bridge `name` and the veths still in it, if it is there."""
+    if run(["ip", "link", "show", name], check=False).returncode != 0:
+        return
+    members = run(["ip", "-br", "link", "show", "master", name], check=False).stdout
+    for line in members.splitlines():
+        run(["ip", "link", "delete", line.split()[0].split("@")[0]], check=False)
+    run(["ip", "link", "delete", name], check=False)
 
 
 def _describe(kind: str, attrs: dict, ran: dict[str, tuple[float, float]]) -> str:

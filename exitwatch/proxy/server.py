@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -67,6 +68,10 @@ class Proxy:
         self._workers = relay.Workers()
         self.reached = False  # the engine took a connection: things may be made through it
         self._budget = Budget()
+        # What wakes the accept loop at stop(). Not shutdown() of the listener: its open file
+        # description may be systemd's too (exitwatch-adopt.socket), and a shut one listens
+        # for nobody, systemd's copy included, until the socket unit is restarted.
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
 
     def start(self) -> None:
         _bounded_malloc()
@@ -76,11 +81,15 @@ class Proxy:
     def stop(self) -> None:
         """Stop accepting and cut every connection still open."""
         self._stopping = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() under way
+        with contextlib.suppress(OSError):  # EBADF: stopped already
+            os.write(self._wake_w, b"x")  # wakes the accept loop's poll
         if self._thread is not None:
             self._thread.join(2.0)
-        self._listener.close()
+        self._listener.close()  # this process's descriptor; a copy of systemd's listens on
+        wake, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in wake:
+            if fd >= 0:  # a second stop() has nothing left to close
+                os.close(fd)
         with self._lock:
             relay.cut(*self._open)
         self._workers.close()
@@ -92,8 +101,13 @@ class Proxy:
             self._gate.limits.per_client,
             self._gate.limits.why,
         )
+        poller = select.poll()
+        poller.register(self._listener, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while not self._stopping:
             try:
+                if self._wake_r in (fd for fd, _ in poller.poll()) or self._stopping:
+                    return
                 client, _ = self._listener.accept()
             except OSError:
                 if self._stopping:

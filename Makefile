@@ -138,6 +138,14 @@ bench-smoke: deps bench-bins
 test-debian13:
 	tests/debian13.sh $(ARGS)
 
+# The .debs under a real systemd (tests/systemd/vm.sh): a Debian 12 VM image built from
+# Debian's packages, booted under qemu (software emulation), the tree's packages installed,
+# upgraded, run and removed there, with end-to-end checks over ssh. Slow; never part of
+# `make test` nor .ci/run (tests/README.md). ARGS: --reuse (any cached image) and/or --keep.
+.PHONY: test-systemd
+test-systemd:
+	tests/systemd/vm.sh $(ARGS)
+
 # The soak (docs/reliability.md): owners die at random for SOAK_SECONDS (default 600) while
 # others live; fails on a leak or a wrong removal. Never part of `make test`.
 .PHONY: soak

@@ -1,0 +1,215 @@
+"""The helpers of the checks that tests/systemd/vm.sh runs in its VM, as root, under a systemd
+that is PID 1 (checks.py has the checks). The guest's Debian python3 and its standard library
+alone: nothing of the project is imported, so that the checks see the installed package and
+nothing else.
+
+Every wait is on a condition with a deadline (`within`); what a check found wrong is raised
+as `Failed`, whose message is the FAIL line's detail."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
+STATUS_SOCKET = "/run/exitwatch/exitwatch.sock"
+ADOPT_SOCKET = "/run/exitwatch/docker.sock"
+IMAGE = "rig/busybox:1"  # busybox alone
+RUNNER_IMAGE = "rig/runner:1"  # busybox and the docker CLI, for runners in containers
+
+
+class Failed(Exception):
+    """A check's condition did not hold; the message says what was seen instead."""
+
+
+def sh(
+    cmd: str | list[str],
+    *,
+    user: str | None = None,
+    check: bool = True,
+    timeout: float = 300,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """Runs a command (a string goes to sh -c), as root or as `user` (setpriv: it execs, so
+    the process is the user's own, with the user's groups and a fresh environment)."""
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    if user:
+        argv = as_user(user) + argv
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and done.returncode != 0:
+        out = (done.stdout + done.stderr).strip().splitlines()[-8:]
+        raise Failed(f"{cmd!r} exited {done.returncode}: " + " | ".join(out))
+    return done
+
+
+def out(cmd: str | list[str], **kw) -> str:
+    return sh(cmd, **kw).stdout.strip()
+
+
+def as_user(user: str) -> list[str]:
+    return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--reset-env", "--"]
+
+
+def spawn(cmd: str, *, user: str | None = None) -> subprocess.Popen:
+    """A long-lived process whose pid is the process itself (sh, or setpriv's exec of sh)."""
+    argv = ["/bin/sh", "-c", cmd]
+    if user:
+        argv = as_user(user) + argv
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def within(seconds: float, cond, what: str, *, every: float = 0.1, fail_fast=None) -> float:
+    """Waits until cond() is true and returns how long it took; Failed after `seconds`, or
+    as soon as fail_fast() returns a reason."""
+    start = time.monotonic()
+    last = None
+    while True:
+        try:
+            if cond():
+                return time.monotonic() - start
+        except (Failed, OSError, ValueError, KeyError, subprocess.SubprocessError) as err:
+            last = err
+        if fail_fast is not None:
+            why = fail_fast()
+            if why:
+                raise Failed(f"{what}: {why}")
+        if time.monotonic() - start > seconds:
+            raise Failed(f"not within {seconds:g} s: {what}" + (f" (last: {last})" if last else ""))
+        time.sleep(every)
+
+
+def watch(conds: dict, seconds: float, every: float = 0.05) -> dict:
+    """Polls each condition on a thread of its own, all at once, from now for up to
+    `seconds`, and returns when each first held (seconds from now), or None: one slow
+    condition (a docker call) does not delay the timing of the others."""
+    start = time.monotonic()
+    took: dict = dict.fromkeys(conds)
+
+    def poll(name: str, cond) -> None:
+        while time.monotonic() - start <= seconds:
+            try:
+                if cond():
+                    took[name] = time.monotonic() - start
+                    return
+            except (Failed, OSError, ValueError, KeyError, subprocess.SubprocessError):
+                pass
+            time.sleep(every)
+
+    threads = [threading.Thread(target=poll, args=item) for item in conds.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return took
+
+
+def status() -> dict:
+    """The agent's status document, read from its socket (what `exitwatch status --json`
+    prints; the CLI is run once by a check of its own, and costs a Python start a call)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(STATUS_SOCKET)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return json.loads(b"".join(chunks))
+
+
+def answers() -> bool:
+    try:
+        status()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def owner_of(pid: int) -> dict | None:
+    for owner in status().get("owners", []):
+        if owner["pid"] == pid:
+            return owner
+    return None
+
+
+def unit(name: str, *props: str) -> dict:
+    text = out(["systemctl", "show", name, "-p", ",".join(props)])
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def main_pid(name: str = "exitwatch") -> int:
+    return int(unit(name, "MainPID")["MainPID"])
+
+
+def running(name: str = "exitwatch") -> bool:
+    u = unit(name, "ActiveState", "SubState")
+    return u["ActiveState"] == "active" and u["SubState"] == "running"
+
+
+def journal_cursor() -> str:
+    text = out(["journalctl", "-n", "0", "--show-cursor", "--quiet"])
+    return text.rsplit("cursor: ", 1)[-1] if "cursor: " in text else ""
+
+
+def journal(cursor: str = "", unit_name: str = "exitwatch") -> str:
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit_name]
+    argv += ["--after-cursor", cursor] if cursor else ["-b"]
+    return out(argv)
+
+
+def own_lines(unit_name: str) -> list[str]:
+    """What the unit's own processes logged in this boot (not systemd's lines about it)."""
+    return out(
+        ["journalctl", "-b", "--no-pager", "-o", "cat", f"_SYSTEMD_UNIT={unit_name}"]
+    ).splitlines()
+
+
+def starttime(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def alive(pid: int, start: str) -> bool:
+    """The process (pid, start time) still runs: not gone, not reused, not a zombie."""
+    return starttime(pid) == start
+
+
+def container_exists(ref: str) -> bool:
+    return sh(["docker", "inspect", ref], check=False).returncode == 0
+
+
+def labels_of(ref: str) -> dict:
+    text = out(["docker", "inspect", "-f", "{{json .Config.Labels}}", ref])
+    return json.loads(text) or {}
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def wait_file(path: str, seconds: float = 120) -> str:
+    within(seconds, lambda: os.path.exists(path), f"{path} written")
+    return read(path)
+
+
+def kill(pid: int, sig: int = 9) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""

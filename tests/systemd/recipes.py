@@ -1,0 +1,316 @@
+"""exitwatch-adopt under systemd, and docs/adopt.md's three recipes typed as written (checks.py).
+
+Each recipe's files are written with the recipe's own text and its own commands are run;
+where the recipe names no command (Recipe 2: files read by pam_env and by systemd's
+manager), the ones that make a running host take them are run: `systemctl daemon-reexec`
+(systemd reads system.conf.d again) and a restart of the two services, as a boot would
+start them. After each recipe: is exitwatch-adopt up and answering, does the agent talk to
+a live engine, and does a runner adopted the recipe's way get reaped when it dies. Each
+recipe is then undone, and both services checked back, so that the next starts clean."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from guest import (
+    ADOPT_SOCKET,
+    IMAGE,
+    RUNNER_IMAGE,
+    Failed,
+    answers,
+    container_exists,
+    kill,
+    labels_of,
+    out,
+    own_lines,
+    read,
+    running,
+    sh,
+    spawn,
+    status,
+    unit,
+    within,
+)
+
+CONFIG = "/etc/exitwatch/config.toml"
+ENGINE = "unix:///run/docker-engine.sock"  # Recipe 3's engine socket
+ADOPT = "exitwatch-adopt.service"
+
+
+def docker_ok(host: str | None = None) -> bool:
+    argv = ["docker"] + (["-H", host] if host else []) + ["version", "--format", "x"]
+    return sh(argv, check=False, timeout=20).returncode == 0
+
+
+def adopt_socket() -> str:
+    sh("systemctl enable --now exitwatch-adopt.socket")  # docs/adopt.md, "Setting it up"
+    if unit("exitwatch-adopt.socket", "ActiveState")["ActiveState"] != "active":
+        raise Failed("exitwatch-adopt.socket is not active")
+    before = unit(ADOPT, "ActiveState")["ActiveState"]
+    if before != "inactive":
+        raise Failed(f"{ADOPT} is {before} before any client")
+    within(60, lambda: docker_ok(f"unix://{ADOPT_SOCKET}"), "docker version through the socket")
+    if not running(ADOPT):
+        raise Failed(f"{ADOPT} is {unit(ADOPT, 'ActiveState')['ActiveState']} after a client")
+    mode = out(["stat", "-c", "%U:%G %a", ADOPT_SOCKET])
+    if mode != "root:docker 660":
+        raise Failed(f"the socket is {mode}")
+    return f"started by its first client; {ADOPT_SOCKET} {mode}"
+
+
+def adopt_working(socket_path: str = ADOPT_SOCKET) -> str:
+    """exitwatch-adopt running and answering on its socket (a docker client through it)."""
+    within(
+        30,
+        lambda: running(ADOPT) and docker_ok(f"unix://{socket_path}"),
+        f"{ADOPT} running and answering at {socket_path}",
+        fail_fast=adopt_failing,
+    )
+    return f"answers at {socket_path}, MainPID {unit(ADOPT, 'MainPID')['MainPID']}"
+
+
+def agent_working(engine: str | None = None) -> str:
+    """The agent running and connected to a live engine (`engine`, when the recipe names it)."""
+    try:
+        within(
+            30,
+            lambda: running() and answers() and status()["docker"]["connected"],
+            "the agent running and connected to its engine",
+        )
+    except Failed as err:
+        raise Failed(f"{err}: {agent_state()}") from None
+    endpoint = status()["docker"]["endpoint"]
+    if engine and endpoint != engine:
+        raise Failed(f"the agent talks to {endpoint}, not to the engine at {engine}")
+    return f"agent's engine {endpoint}: connected"
+
+
+def both_working(socket_path: str = ADOPT_SOCKET) -> str:
+    return f"{adopt_working(socket_path)}; {agent_working()}"
+
+
+def adopt_failing() -> str | None:
+    u = unit(ADOPT, "ActiveState", "SubState", "NRestarts")
+    if u["ActiveState"] == "failed" or int(u["NRestarts"]) > 3:
+        lines = own_lines(ADOPT)[-2:]
+        return (
+            f"{ADOPT} {u['ActiveState']}/{u['SubState']}, NRestarts {u['NRestarts']}: "
+            + " | ".join(lines)
+        )
+    return None
+
+
+def agent_state() -> str:
+    try:
+        d = status()["docker"]
+        return f"agent's engine {d['endpoint']}: connected={d['connected']} {d.get('last_error')}"
+    except (OSError, ValueError, KeyError) as err:
+        return f"the agent does not answer: {err}"
+
+
+def runner_in_container(name: str, mount_from: str) -> dict:
+    """A runner container with the socket mounted at /var/run/docker.sock, which creates a
+    sandbox next to itself, as Recipe 1 shows it."""
+    sandbox = f"{name}-sandbox"
+    sh(f"docker rm -f {name} {sandbox} >/dev/null 2>&1 || true")
+    sh(
+        f"docker run -d --name {name} -v {mount_from}:/var/run/docker.sock {RUNNER_IMAGE} "
+        f"sh -c 'docker run -d --name {sandbox} {IMAGE} sleep 100000 && exec sleep 100000'"
+    )
+    within(
+        90,
+        lambda: container_exists(sandbox),
+        f"the runner's sandbox {sandbox} created",
+        fail_fast=lambda: (
+            None
+            if out(f"docker inspect -f '{{{{.State.Running}}}}' {name}") == "true"
+            else "the runner exited: " + out(f"docker logs {name} 2>&1 | tail -n 2")
+        ),
+    )
+    owner = labels_of(sandbox).get("exitwatch.owner")
+    if not owner:
+        raise Failed(f"{sandbox} is not labelled: {labels_of(sandbox)}")
+    init = out(f"docker inspect -f '{{{{.State.Pid}}}}' {name}")
+    if f":{init}:" not in owner:
+        raise Failed(f"owner {owner} is not the runner's init (pid {init})")
+    sh(f"docker kill {name}")
+    took = within(30, lambda: not container_exists(sandbox), "the sandbox removed")
+    sh(f"docker rm -f {name}")
+    return f"sandbox labelled with the runner's init {init}; gone {took:.2f} s after docker kill"
+
+
+# -- Recipe 1 ----------------------------------------------------------------------------------
+
+
+def recipe1(check) -> None:
+    check(
+        "Recipe 1: a runner container mounting the adopt socket is reaped",
+        runner_in_container,
+        "runner",
+        ADOPT_SOCKET,
+    )
+    check("Recipe 1: exitwatch-adopt working", adopt_working)
+    check("Recipe 1: the agent working", agent_working)
+
+
+# -- Recipe 2 ----------------------------------------------------------------------------------
+
+ENVIRONMENT = (
+    "# /etc/environment: login sessions, su and cron (pam_env)\n"
+    f"DOCKER_HOST=unix://{ADOPT_SOCKET}\n"
+)
+DEFAULT_ENV = f"[Manager]\nDefaultEnvironment=DOCKER_HOST=unix://{ADOPT_SOCKET}\n"
+RULES = '\n[adopt]\nrules = ["bench eval *", "python3 -m my_harness *"]\n'
+HARNESS = """\
+import os, subprocess, sys, time
+d = sys.argv[2]
+with open(d + "/docker-host", "w") as f:
+    f.write(os.environ.get("DOCKER_HOST", ""))
+with open(d + "/pid", "w") as f:
+    f.write(str(os.getpid()))
+argv = ["docker", "run", "-d", "--name", "rig-r2-sandbox", "IMAGE", "sleep", "100000"]
+if subprocess.run(argv, timeout=60).returncode != 0:
+    sys.exit("my_harness: docker run failed")
+open(d + "/ready", "w").close()
+time.sleep(100000)
+""".replace("IMAGE", IMAGE)
+
+
+def recipe2(check) -> None:
+    shutil.copy(CONFIG, "/root/config.toml.before-recipe2")
+    shutil.copy("/etc/environment", "/root/environment.before-recipe2")
+
+    def apply() -> str:
+        with open("/etc/environment", "a") as f:
+            f.write(ENVIRONMENT)
+        os.makedirs("/etc/systemd/system.conf.d", exist_ok=True)
+        with open("/etc/systemd/system.conf.d/docker-host.conf", "w") as f:
+            f.write(DEFAULT_ENV)
+        with open(CONFIG, "a") as f:
+            f.write(RULES)
+        sh("systemctl daemon-reexec")
+        sh(f"systemctl restart exitwatch {ADOPT}", check=False)
+        seen = out("su - alice -c 'echo $DOCKER_HOST'")
+        if seen != f"unix://{ADOPT_SOCKET}":
+            raise Failed(f"a login shell's DOCKER_HOST is {seen!r}")
+        return "a login shell's DOCKER_HOST is the adopt socket"
+
+    check("Recipe 2: the files as written, daemon-reexec, both services restarted", apply)
+    check("Recipe 2: exitwatch-adopt working", adopt_working)
+    check("Recipe 2: the agent working", agent_working)
+
+    d = "/root/rig-r2"
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open("/root/my_harness.py", "w") as f:
+        f.write(HARNESS)
+
+    def host_runner() -> str:
+        sh("docker rm -f rig-r2-sandbox rig-r2-plain >/dev/null 2>&1 || true", env=clean_env())
+        harness = spawn(f"exec su - root -c 'exec python3 -m my_harness run {d}' 2>{d}/log")
+        try:
+            within(
+                90,
+                lambda: os.path.exists(f"{d}/ready"),
+                "the harness made its sandbox",
+                fail_fast=lambda: harness.poll() is not None and "the harness exited",
+            )
+        except Failed as err:
+            kill(harness.pid)
+            raise Failed(f"{err}: {read_tail(d + '/log')} {adopt_failing() or ''}") from None
+        pid = int(read(f"{d}/pid"))
+        owner = labels_of("rig-r2-sandbox").get("exitwatch.owner", "")
+        if f":{pid}:" not in owner:
+            raise Failed(f"rig-r2-sandbox's owner is {owner!r}, not the harness (pid {pid})")
+        # An operator's own client, which no rule matches, on the same socket.
+        sh(f"su - root -c 'docker run -d --name rig-r2-plain {IMAGE} sleep 100000'")
+        kill(pid)
+        took = within(30, lambda: not container_exists("rig-r2-sandbox"), "the sandbox removed")
+        plain = labels_of("rig-r2-plain")
+        if "exitwatch.owner" in plain or not container_exists("rig-r2-plain"):
+            raise Failed(f"the unmatched client's container: labels {plain}")
+        sh("docker rm -f rig-r2-plain")
+        harness.wait()
+        return f"matched runner's sandbox gone {took:.2f} s after SIGKILL; unmatched one left"
+
+    check("Recipe 2: a host runner a rule matches is reaped, others left", host_runner)
+
+    def undo() -> str:
+        shutil.copy("/root/environment.before-recipe2", "/etc/environment")
+        shutil.copy("/root/config.toml.before-recipe2", CONFIG)
+        os.remove("/etc/systemd/system.conf.d/docker-host.conf")
+        sh("systemctl daemon-reexec")
+        sh(f"systemctl reset-failed {ADOPT} exitwatch", check=False)
+        sh(f"systemctl restart exitwatch exitwatch-adopt.socket {ADOPT}")
+        return both_working()
+
+    check("Recipe 2 undone: both services back", undo)
+
+
+def clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+
+
+def read_tail(path: str) -> str:
+    try:
+        return " | ".join(read(path).splitlines()[-3:])
+    except OSError:
+        return ""
+
+
+# -- Recipe 3 ----------------------------------------------------------------------------------
+
+DOCKER_SOCKET_DROPIN = "[Socket]\nListenStream=\nListenStream=/run/docker-engine.sock\n"
+ADOPT_SOCKET_DROPIN = "[Socket]\nListenStream=\nListenStream=/run/docker.sock\n"
+DROPINS = {
+    "/etc/systemd/system/docker.socket.d/exitwatch.conf": DOCKER_SOCKET_DROPIN,
+    "/etc/systemd/system/exitwatch-adopt.socket.d/exitwatch.conf": ADOPT_SOCKET_DROPIN,
+}
+RECIPE3_COMMANDS = (
+    "systemctl daemon-reload && systemctl restart docker.socket docker exitwatch-adopt.socket"
+)
+
+
+def recipe3(check) -> None:
+    shutil.copy(CONFIG, "/root/config.toml.before-recipe3")
+
+    def apply() -> str:
+        for path, text in DROPINS.items():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        # A top-level key: before any table of the file.
+        text = read(CONFIG)
+        with open(CONFIG, "w") as f:
+            f.write(f'docker_host = "{ENGINE}"\n' + text + "\n")
+        sh(RECIPE3_COMMANDS)
+        within(60, lambda: docker_ok(ENGINE), f"the engine answers at {ENGINE}")
+        within(60, lambda: docker_ok(None), "docker answers at /var/run/docker.sock")
+        listen = unit("exitwatch-adopt.socket", "Listen")["Listen"]
+        if "/run/docker.sock" not in listen:
+            raise Failed(f"exitwatch-adopt.socket listens on {listen}")
+        return f"engine at {ENGINE}; /var/run/docker.sock is exitwatch-adopt's"
+
+    check("Recipe 3: the drop-ins, config and commands as written", apply)
+    check(
+        "Recipe 3: exitwatch-adopt working at /run/docker.sock", adopt_working, "/run/docker.sock"
+    )
+    check("Recipe 3: the agent working, on the engine itself", agent_working, ENGINE)
+    check(
+        "Recipe 3: a runner container mounting /var/run/docker.sock is reaped",
+        runner_in_container,
+        "runner3",
+        "/var/run/docker.sock",
+    )
+
+    def undo() -> str:
+        for path in DROPINS:
+            os.remove(path)
+        shutil.copy("/root/config.toml.before-recipe3", CONFIG)
+        sh("systemctl daemon-reload")
+        sh("systemctl restart docker.socket docker exitwatch-adopt.socket exitwatch")
+        within(60, lambda: docker_ok(None), "docker answers at /var/run/docker.sock again")
+        return both_working()
+
+    check("Recipe 3 undone: both services back", undo)

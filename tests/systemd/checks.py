@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import sys
 import time
@@ -42,7 +43,10 @@ from kinds import owner_case, run_case
 from recipes import adopt_socket, recipe1, recipe2, recipe3
 
 CONFIG = "/etc/exitwatch/config.toml"
-EDIT = "\n# rig: an operator's edit, kept across upgrades\nreconcile_interval = 300.0\n"
+# An operator's edit: the conffile's commented default uncommented, with another value, in
+# its place (whatever table the file has it in).
+DEFAULT = re.compile(r"^#\s*reconcile_interval\s*=.*$", re.M)
+EDIT = "reconcile_interval = 300.0  # rig: an operator's edit, kept across upgrades"
 COUNTS = {"PASS": 0, "FAIL": 0}
 
 
@@ -127,8 +131,11 @@ def install_prev(debs: str) -> str:
 
 def before_upgrade() -> str:
     """An operator's edit of the conffile and a user's hook waiting in the spool."""
-    with open(CONFIG, "a") as f:
-        f.write(EDIT)
+    text = read(CONFIG)
+    if not DEFAULT.search(text):
+        raise Failed("no '#reconcile_interval = ...' line in the conffile to edit")
+    with open(CONFIG, "w") as f:
+        f.write(DEFAULT.sub(EDIT, text, count=1) + "\n")
     d = "/tmp/rig-upgrade"
     os.makedirs(d, exist_ok=True)
     shutil.chown(d, "alice", "alice")
@@ -160,7 +167,7 @@ def upgrade(debs: str) -> str:
     problems = []
     if version("exitwatch") != f"install ok installed {want}":
         problems.append(f"dpkg says {version('exitwatch')!r}")
-    if EDIT.strip() not in read(CONFIG):
+    if EDIT not in read(CONFIG):
         problems.append("the edit of config.toml is gone")
     if os.path.exists(CONFIG + ".dpkg-new"):
         problems.append("config.toml.dpkg-new was left")
@@ -327,7 +334,7 @@ def remove() -> str:
         state = unit(name, "ActiveState")["ActiveState"]
         if state not in ("inactive", "failed"):
             problems.append(f"{name} is {state}")
-    if not os.path.exists(CONFIG) or EDIT.strip() not in read(CONFIG):
+    if not os.path.exists(CONFIG) or EDIT not in read(CONFIG):
         problems.append("config.toml or its edit is gone after a remove")
     if problems:
         raise Failed("; ".join(problems))
@@ -341,8 +348,9 @@ def purge() -> str:
         for p in ("/etc/exitwatch", "/var/lib/exitwatch", "/var/spool/exitwatch")
         if os.path.exists(p)
     ]
-    if left or version("exitwatch").startswith("install"):
-        raise Failed(f"left: {left}; dpkg says {version('exitwatch')!r}")
+    running_now = agent_processes()
+    if left or running_now or version("exitwatch").startswith("install"):
+        raise Failed(f"left: {left}; running: {running_now}; dpkg: {version('exitwatch')!r}")
     return "/etc/exitwatch, /var/lib/exitwatch, /var/spool/exitwatch gone"
 
 

@@ -136,7 +136,11 @@ def run_case(check, who: str) -> None:
 
         def sees_all() -> bool:
             o = owner_of(wrapper)
-            return bool(o and o["containers"] and any(leftover in p for p in o["processes"]))
+            return bool(
+                o
+                and o["containers"]
+                and any(p.startswith(f"process {leftover} (") for p in o["processes"])
+            )
 
         try:
             within(30, sees_all, "the agent watches the run's container and leftover process")

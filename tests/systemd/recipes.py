@@ -1,18 +1,21 @@
 """exitwatch-adopt under systemd, and docs/adopt.md's three recipes typed as written (checks.py).
 
-Each recipe's files are written with the recipe's own text and its own commands are run;
-where the recipe names no command (Recipe 2: files read by pam_env and by systemd's
-manager), the ones that make a running host take them are run: `systemctl daemon-reexec`
-(systemd reads system.conf.d again) and a restart of the two services, as a boot would
-start them. After each recipe: is exitwatch-adopt up and answering, does the agent talk to
-a live engine, and does a runner adopted the recipe's way get reaped when it dies. Each
-recipe is then undone, and both services checked back, so that the next starts clean."""
+Each recipe's files and commands are read from docs/adopt.md itself (adoptdoc.py), the
+files written with the page's text and its commands run as they stand. Where a recipe
+names no command (Recipe 2 as written: files read by pam_env and by systemd's manager),
+the ones that make a running host take them are run: `systemctl daemon-reexec` (systemd
+reads system.conf.d again) and a restart of the two services, as a boot would start them.
+After each recipe: is exitwatch-adopt up and answering, does the agent talk to a live
+engine, and does a runner adopted the recipe's way get reaped when it dies. Each recipe is
+then undone, and both services checked back, so that the next starts clean."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
+from adoptdoc import Recipe, recipe
 from guest import (
     ADOPT_SOCKET,
     IMAGE,
@@ -34,7 +37,7 @@ from guest import (
 )
 
 CONFIG = "/etc/exitwatch/config.toml"
-ENGINE = "unix:///run/docker-engine.sock"  # Recipe 3's engine socket
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "adopt.md")
 ADOPT = "exitwatch-adopt.service"
 
 
@@ -140,15 +143,81 @@ def runner_in_container(name: str, mount_from: str) -> dict:
     return f"sandbox labelled with the runner's init {init}; gone {took:.2f} s after docker kill"
 
 
+# -- writing a recipe's files, and taking them back ------------------------------------------
+
+
+def page_recipe(number: int) -> Recipe:
+    with open(PAGE) as f:
+        return recipe(f.read(), number)
+
+
+def write_files(r: Recipe) -> dict[str, str | None]:
+    """Writes the recipe's files and returns what each was before (None: it was not there).
+    /etc/environment gets the lines added; config.toml gets a fragment's top-level keys
+    first (TOML puts them before any table) and its tables last; other files are written."""
+    before: dict[str, str | None] = {}
+    for path, text in r.files:
+        if path not in before:
+            before[path] = read_raw(path)
+        old = read_raw(path) or ""
+        if path == "/etc/environment":
+            new = old + ("" if old.endswith("\n") or not old else "\n") + text
+        elif path == CONFIG:
+            keys, tables = split_toml(text)
+            new = keys + old + ("\n" + tables if tables else "")
+        else:
+            new = text
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(new)
+    return before
+
+
+def restore(before: dict[str, str | None]) -> None:
+    for path, text in before.items():
+        if text is None:
+            os.remove(path)
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+
+
+def read_raw(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def split_toml(text: str) -> tuple[str, str]:
+    lines = text.splitlines(keepends=True)
+    first = next((i for i, line in enumerate(lines) if line.startswith("[")), len(lines))
+    return "".join(lines[:first]), "".join(lines[first:])
+
+
+def run_commands(commands: list[str]) -> None:
+    for command in commands:
+        sh(command)
+
+
+def listen_stream(text: str | None) -> str | None:
+    found = re.findall(r"^ListenStream=(\S+)", text or "", re.M)
+    return found[-1] if found else None
+
+
 # -- Recipe 1 ----------------------------------------------------------------------------------
 
 
 def recipe1(check) -> None:
+    r = page_recipe(1)
+    mount = re.search(r"-v (\S+):/var/run/docker\.sock", " ".join(r.commands))
+    source = mount.group(1) if mount else ADOPT_SOCKET
     check(
-        "Recipe 1: a runner container mounting the adopt socket is reaped",
+        f"Recipe 1: a runner container mounting {source} is reaped",
         runner_in_container,
         "runner",
-        ADOPT_SOCKET,
+        source,
     )
     check("Recipe 1: exitwatch-adopt working", adopt_working)
     check("Recipe 1: the agent working", agent_working)
@@ -156,12 +225,6 @@ def recipe1(check) -> None:
 
 # -- Recipe 2 ----------------------------------------------------------------------------------
 
-ENVIRONMENT = (
-    "# /etc/environment: login sessions, su and cron (pam_env)\n"
-    f"DOCKER_HOST=unix://{ADOPT_SOCKET}\n"
-)
-DEFAULT_ENV = f"[Manager]\nDefaultEnvironment=DOCKER_HOST=unix://{ADOPT_SOCKET}\n"
-RULES = '\n[adopt]\nrules = ["bench eval *", "python3 -m my_harness *"]\n'
 HARNESS = """\
 import os, subprocess, sys, time
 d = sys.argv[2]
@@ -175,28 +238,27 @@ if subprocess.run(argv, timeout=60).returncode != 0:
 open(d + "/ready", "w").close()
 time.sleep(100000)
 """.replace("IMAGE", IMAGE)
+# What a boot would do for the files Recipe 2 writes, when the page names no command.
+RECIPE2_DEFAULT = ["systemctl daemon-reexec", f"systemctl restart exitwatch {ADOPT}"]
 
 
 def recipe2(check) -> None:
-    shutil.copy(CONFIG, "/root/config.toml.before-recipe2")
-    shutil.copy("/etc/environment", "/root/environment.before-recipe2")
+    r = page_recipe(2)
+    state: dict = {}
 
     def apply() -> str:
-        with open("/etc/environment", "a") as f:
-            f.write(ENVIRONMENT)
-        os.makedirs("/etc/systemd/system.conf.d", exist_ok=True)
-        with open("/etc/systemd/system.conf.d/docker-host.conf", "w") as f:
-            f.write(DEFAULT_ENV)
-        with open(CONFIG, "a") as f:
-            f.write(RULES)
-        sh("systemctl daemon-reexec")
-        sh(f"systemctl restart exitwatch {ADOPT}", check=False)
+        if not r.files:
+            raise Failed("docs/adopt.md's Recipe 2 has no files")
+        state["before"] = write_files(r)
+        commands = r.commands or RECIPE2_DEFAULT
+        run_commands(commands)
         seen = out("su - alice -c 'echo $DOCKER_HOST'")
         if seen != f"unix://{ADOPT_SOCKET}":
             raise Failed(f"a login shell's DOCKER_HOST is {seen!r}")
-        return "a login shell's DOCKER_HOST is the adopt socket"
+        written = ", ".join(path for path, _ in r.files)
+        return f"{written}; ran: {'; '.join(commands)}"
 
-    check("Recipe 2: the files as written, daemon-reexec, both services restarted", apply)
+    check("Recipe 2: its files as written, then a restart", apply)
     check("Recipe 2: exitwatch-adopt working", adopt_working)
     check("Recipe 2: the agent working", agent_working)
 
@@ -207,7 +269,7 @@ def recipe2(check) -> None:
         f.write(HARNESS)
 
     def host_runner() -> str:
-        sh("docker rm -f rig-r2-sandbox rig-r2-plain >/dev/null 2>&1 || true", env=clean_env())
+        sh("docker rm -f rig-r2-sandbox rig-r2-plain >/dev/null 2>&1 || true")
         harness = spawn(f"exec su - root -c 'exec python3 -m my_harness run {d}' 2>{d}/log")
         try:
             within(
@@ -237,19 +299,13 @@ def recipe2(check) -> None:
     check("Recipe 2: a host runner a rule matches is reaped, others left", host_runner)
 
     def undo() -> str:
-        shutil.copy("/root/environment.before-recipe2", "/etc/environment")
-        shutil.copy("/root/config.toml.before-recipe2", CONFIG)
-        os.remove("/etc/systemd/system.conf.d/docker-host.conf")
+        restore(state.get("before", {}))
         sh("systemctl daemon-reexec")
         sh(f"systemctl reset-failed {ADOPT} exitwatch", check=False)
         sh(f"systemctl restart exitwatch exitwatch-adopt.socket {ADOPT}")
         return both_working()
 
     check("Recipe 2 undone: both services back", undo)
-
-
-def clean_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
 
 
 def read_tail(path: str) -> str:
@@ -261,42 +317,29 @@ def read_tail(path: str) -> str:
 
 # -- Recipe 3 ----------------------------------------------------------------------------------
 
-DOCKER_SOCKET_DROPIN = "[Socket]\nListenStream=\nListenStream=/run/docker-engine.sock\n"
-ADOPT_SOCKET_DROPIN = "[Socket]\nListenStream=\nListenStream=/run/docker.sock\n"
-DROPINS = {
-    "/etc/systemd/system/docker.socket.d/exitwatch.conf": DOCKER_SOCKET_DROPIN,
-    "/etc/systemd/system/exitwatch-adopt.socket.d/exitwatch.conf": ADOPT_SOCKET_DROPIN,
-}
-RECIPE3_COMMANDS = (
-    "systemctl daemon-reload && systemctl restart docker.socket docker exitwatch-adopt.socket"
-)
-
 
 def recipe3(check) -> None:
-    shutil.copy(CONFIG, "/root/config.toml.before-recipe3")
+    r = page_recipe(3)
+    engine_path = listen_stream(r.file("docker.socket.d/exitwatch.conf"))
+    adopt_path = listen_stream(r.file("exitwatch-adopt.socket.d/exitwatch.conf"))
+    engine = f"unix://{engine_path}"
+    state: dict = {}
 
     def apply() -> str:
-        for path, text in DROPINS.items():
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        # A top-level key: before any table of the file.
-        text = read(CONFIG)
-        with open(CONFIG, "w") as f:
-            f.write(f'docker_host = "{ENGINE}"\n' + text + "\n")
-        sh(RECIPE3_COMMANDS)
-        within(60, lambda: docker_ok(ENGINE), f"the engine answers at {ENGINE}")
+        if not (engine_path and adopt_path and r.commands):
+            raise Failed(f"cannot read Recipe 3 from docs/adopt.md: {r}")
+        state["before"] = write_files(r)
+        run_commands(r.commands)
+        within(60, lambda: docker_ok(engine), f"the engine answers at {engine}")
         within(60, lambda: docker_ok(None), "docker answers at /var/run/docker.sock")
         listen = unit("exitwatch-adopt.socket", "Listen")["Listen"]
-        if "/run/docker.sock" not in listen:
+        if adopt_path not in listen:
             raise Failed(f"exitwatch-adopt.socket listens on {listen}")
-        return f"engine at {ENGINE}; /var/run/docker.sock is exitwatch-adopt's"
+        return f"ran: {'; '.join(r.commands)}"
 
-    check("Recipe 3: the drop-ins, config and commands as written", apply)
-    check(
-        "Recipe 3: exitwatch-adopt working at /run/docker.sock", adopt_working, "/run/docker.sock"
-    )
-    check("Recipe 3: the agent working, on the engine itself", agent_working, ENGINE)
+    check("Recipe 3: its drop-ins, config and commands as written", apply)
+    check(f"Recipe 3: exitwatch-adopt working at {adopt_path}", adopt_working, adopt_path)
+    check("Recipe 3: the agent working, on the engine itself", agent_working, engine)
     check(
         "Recipe 3: a runner container mounting /var/run/docker.sock is reaped",
         runner_in_container,
@@ -305,10 +348,9 @@ def recipe3(check) -> None:
     )
 
     def undo() -> str:
-        for path in DROPINS:
-            os.remove(path)
-        shutil.copy("/root/config.toml.before-recipe3", CONFIG)
+        restore(state.get("before", {}))
         sh("systemctl daemon-reload")
+        sh(f"systemctl stop {ADOPT}")
         sh("systemctl restart docker.socket docker exitwatch-adopt.socket exitwatch")
         within(60, lambda: docker_ok(None), "docker answers at /var/run/docker.sock again")
         return both_working()

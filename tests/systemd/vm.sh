@@ -14,14 +14,15 @@
 # 2. The .debs: the tree's (`make deb`), and the previous build's: the tree at the parent of
 #    the newest commit that changed the product (exitwatch/, packaging/, pyproject.toml),
 #    built the same way, cached by that commit, with its version lowered (VERSION~prev) so
-#    that installing the tree's is an upgrade.
+#    that installing the tree's is an upgrade. EXITWATCH_SYSTEMD_PREV=REF builds REF instead.
 # 3. The VM: qemu-system-x86_64 -accel tcg (KVM guests hang on these machines), 2 vCPUs,
 #    2 GiB, direct kernel boot of the image's vmlinuz and initrd, the image behind a
 #    throwaway qcow2 overlay (the cached image is never written). Its only network is
 #    qemu's user network with restrict=on: the guest reaches nothing, not even the host,
 #    and the host reaches its sshd by a port forward on 127.0.0.1 alone.
-# 4. The checks (tests/systemd/checks.py, kinds.py, recipes.py, guest.py), copied in with
-#    the .debs and run as root over ssh with the image's key. Each prints PASS or FAIL; the
+# 4. The checks (tests/systemd/checks.py, kinds.py, recipes.py, adoptdoc.py, guest.py),
+#    copied in with the .debs and the tree's docs/adopt.md (whose recipes they type as
+#    written), and run as root over ssh with the image's key. Each prints PASS or FAIL; the
 #    last line of this script is "N passed, N failed", and it exits non-zero on any FAIL,
 #    or when the checks did not run to their end.
 # 5. Whatever happens (a failure, ^C), the trap stops the VM and removes the overlay.
@@ -109,11 +110,16 @@ debs() {
 PREV_DIR=
 prev_build() {
     local last prev tmp deb v
-    last=$(git -C "$top" log -1 --format=%H -- exitwatch packaging pyproject.toml)
-    prev=$(git -C "$top" rev-parse "$last^")
+    if [ -n "${EXITWATCH_SYSTEMD_PREV-}" ]; then
+        last=$(git -C "$top" rev-parse --verify "$EXITWATCH_SYSTEMD_PREV^{commit}")
+        prev=$last
+    else
+        last=$(git -C "$top" log -1 --format=%H -- exitwatch packaging pyproject.toml)
+        prev=$(git -C "$top" rev-parse "$last^")
+    fi
     PREV_DIR=$CACHE/prev/$prev
     [ -e "$PREV_DIR/.complete" ] && return 0
-    say "the previous build: ${prev:0:12}, the parent of ${last:0:12} ($(git -C "$top" log -1 --format=%s "$last" | cut -c1-60))"
+    say "the previous build: ${prev:0:12} ($(git -C "$top" log -1 --format=%s "$prev" | cut -c1-60))"
     rm -rf "$PREV_DIR"
     mkdir -p "$PREV_DIR"
     tmp=$(mktemp -d "$run/prev.XXXXXX")
@@ -185,7 +191,8 @@ boot() {
 # -- 4. the checks -----------------------------------------------------------------------------
 
 checks() {
-    tar -C "$here" -c checks.py guest.py kinds.py recipes.py -C "$run" debs |
+    tar -C "$here" -c checks.py guest.py kinds.py recipes.py adoptdoc.py \
+        -C "$top/docs" adopt.md -C "$run" debs |
         "${SSH[@]}" 'rm -rf /root/rig && mkdir /root/rig && tar -C /root/rig -x'
     local rc=0
     timeout "$CHECKS_DEADLINE" "${SSH[@]}" \
@@ -204,36 +211,42 @@ stop_vm() {
 
 # -- main --------------------------------------------------------------------------------------
 
-[ "$(id -u)" = 0 ] || die "run me as root"
-reuse= keep=
-for arg; do
-    case $arg in
-        --reuse) reuse=1 ;;
-        --keep) keep=1 ;;
-        *) die "unknown argument $arg (usage: vm.sh [--reuse] [--keep])" ;;
-    esac
-done
-here=$(cd "$(dirname "$0")" && pwd)
-top=$(cd "$here/../.." && pwd)
-mkdir -p "$CACHE/images" "$CACHE/prev"
-exec 9>"$CACHE/.lock"
-flock -n 9 || die "another run holds $CACHE/.lock"
-run=$CACHE/last
-rm -rf "$run"
-mkdir -p "$run"
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-started=$SECONDS
+# A function, called on the last line: bash has read the whole script before it runs any of
+# it, so that editing the script during a run does not change the run.
+main() {
+    [ "$(id -u)" = 0 ] || die "run me as root"
+    reuse= keep=
+    for arg; do
+        case $arg in
+            --reuse) reuse=1 ;;
+            --keep) keep=1 ;;
+            *) die "unknown argument $arg (usage: vm.sh [--reuse] [--keep])" ;;
+        esac
+    done
+    here=$(cd "$(dirname "$0")" && pwd)
+    top=$(cd "$here/../.." && pwd)
+    mkdir -p "$CACHE/images" "$CACHE/prev"
+    exec 9>"$CACHE/.lock"
+    flock -n 9 || die "another run holds $CACHE/.lock"
+    run=$CACHE/last
+    rm -rf "$run"
+    mkdir -p "$run"
+    trap cleanup EXIT
+    trap 'exit 130' INT TERM
+    started=$SECONDS
 
-timed "tools (apt, only what is missing)" tools
-timed "the image (debootstrap, cached)" image
-timed "the .debs (make deb, and the previous build)" debs
-timed "boot to ssh (TCG)" boot
-timed "the checks" checks || true
-[ -n "$keep" ] || timed "power off" stop_vm
-printf '  %s\n' "${TIMES[@]}" >&2
-say "logs: $run (checks.log, console.log, journal.txt); $((SECONDS - started)) s in all"
-passed=$(grep -c '^PASS ' "$run/checks.log" || true)
-failed=$(grep -c '^FAIL ' "$run/checks.log" || true)
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+    timed "tools (apt, only what is missing)" tools
+    timed "the image (debootstrap, cached)" image
+    timed "the .debs (make deb, and the previous build)" debs
+    timed "boot to ssh (TCG)" boot
+    timed "the checks" checks || true
+    [ -n "$keep" ] || timed "power off" stop_vm
+    printf '  %s\n' "${TIMES[@]}" >&2
+    say "logs: $run (checks.log, console.log, journal.txt); $((SECONDS - started)) s in all"
+    passed=$(grep -c '^PASS ' "$run/checks.log" || true)
+    failed=$(grep -c '^FAIL ' "$run/checks.log" || true)
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ] && [ "$passed" -gt 0 ]
+}
+
+main "$@"; exit

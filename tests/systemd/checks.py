@@ -40,7 +40,7 @@ from guest import (
     within,
 )
 from kinds import owner_case, run_case
-from recipes import adopt_socket, recipe1, recipe2, recipe3
+from recipes import adopt_crash, adopt_restart, adopt_socket, recipe1, recipe2, recipe3
 
 CONFIG = "/etc/exitwatch/config.toml"
 # An operator's edit: the conffile's commented default uncommented, with another value, in
@@ -378,6 +378,8 @@ def main() -> int:
     check("SIGKILL of the main pid: Restart=always", sigkill)
     check("the watchdog", watchdog)
     check("exitwatch-adopt.socket activation", adopt_socket)
+    check("exitwatch-adopt: SIGKILL, Restart=always, the same socket serves", adopt_crash)
+    check("exitwatch-adopt: systemctl restart, the same socket serves", adopt_restart)
     recipe1(check)
     recipe2(check)
     recipe3(check)

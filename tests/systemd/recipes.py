@@ -23,6 +23,9 @@ from guest import (
     Failed,
     answers,
     container_exists,
+    first_line,
+    journal,
+    journal_cursor,
     kill,
     labels_of,
     out,
@@ -66,7 +69,8 @@ def adopt_working(socket_path: str = ADOPT_SOCKET) -> str:
     """exitwatch-adopt running and answering on its socket (a docker client through it)."""
     within(
         30,
-        lambda: running(ADOPT) and docker_ok(f"unix://{socket_path}"),
+        # The client first: it is what starts a socket-activated service.
+        lambda: docker_ok(f"unix://{socket_path}") and running(ADOPT),
         f"{ADOPT} running and answering at {socket_path}",
         fail_fast=adopt_failing,
     )
@@ -87,6 +91,56 @@ def agent_working(engine: str | None = None) -> str:
     if engine and endpoint != engine:
         raise Failed(f"the agent talks to {endpoint}, not to the engine at {engine}")
     return f"agent's engine {endpoint}: connected"
+
+
+def adopt_crash() -> str:
+    """docs/adopt.md: the socket's one file serves across crashes of the service."""
+    pid = int(unit(ADOPT, "MainPID")["MainPID"])
+    if not pid:
+        raise Failed(f"{ADOPT} has no main pid")
+    kill(pid)
+    took = within(
+        30,
+        lambda: (
+            docker_ok(f"unix://{ADOPT_SOCKET}") and unit(ADOPT, "MainPID")["MainPID"] != str(pid)
+        ),
+        "a new exitwatch-adopt answering on the same socket",
+        fail_fast=socket_failing,
+    )
+    return f"answering again {took:.1f} s after SIGKILL of {pid}"
+
+
+def adopt_restart() -> str:
+    """docs/adopt.md: the socket's one file serves across restarts of the service."""
+    pid = unit(ADOPT, "MainPID")["MainPID"]
+    cursor = journal_cursor()
+    sh(f"systemctl restart {ADOPT}")
+    try:
+        took = within(
+            30,
+            lambda: docker_ok(f"unix://{ADOPT_SOCKET}") and running(ADOPT),
+            "exitwatch-adopt answering on its socket after the restart",
+            fail_fast=socket_failing,
+        )
+    except Failed as err:
+        seen = sh(["docker", "-H", f"unix://{ADOPT_SOCKET}", "version"], check=False, timeout=20)
+        client = first_line(seen.stderr) or first_line(seen.stdout)
+        # What systemd saw of the socket once the service stopped again.
+        sh(f"systemctl stop {ADOPT}", check=False)
+        said = " | ".join(journal(cursor, "exitwatch-adopt.socket").splitlines()[-2:])
+        # The recipes after this one need a socket that works: a new one.
+        sh(f"systemctl reset-failed exitwatch-adopt.socket {ADOPT}", check=False)
+        sh("systemctl restart exitwatch-adopt.socket")
+        raise Failed(f"{err}; a client: {client}; systemd: {said}") from None
+    return f"MainPID {pid} -> {unit(ADOPT, 'MainPID')['MainPID']}, answering {took:.1f} s on"
+
+
+def socket_failing() -> str | None:
+    state = unit("exitwatch-adopt.socket", "ActiveState")["ActiveState"]
+    if state != "active":
+        lines = journal("", "exitwatch-adopt.socket").splitlines()[-2:]
+        return f"exitwatch-adopt.socket is {state}: " + " | ".join(lines)
+    return None
 
 
 def both_working(socket_path: str = ADOPT_SOCKET) -> str:
@@ -239,7 +293,9 @@ open(d + "/ready", "w").close()
 time.sleep(100000)
 """.replace("IMAGE", IMAGE)
 # What a boot would do for the files Recipe 2 writes, when the page names no command.
-RECIPE2_DEFAULT = ["systemctl daemon-reexec", f"systemctl restart exitwatch {ADOPT}"]
+# The socket is started anew and its service on its first client, as at boot: a restart of
+# the service alone is a check of its own (adopt_restart).
+RECIPE2_DEFAULT = ["systemctl daemon-reexec", "systemctl restart exitwatch exitwatch-adopt.socket"]
 
 
 def recipe2(check) -> None:
@@ -302,7 +358,7 @@ def recipe2(check) -> None:
         restore(state.get("before", {}))
         sh("systemctl daemon-reexec")
         sh(f"systemctl reset-failed {ADOPT} exitwatch", check=False)
-        sh(f"systemctl restart exitwatch exitwatch-adopt.socket {ADOPT}")
+        sh("systemctl restart exitwatch exitwatch-adopt.socket")
         return both_working()
 
     check("Recipe 2 undone: both services back", undo)

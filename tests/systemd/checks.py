@@ -140,7 +140,8 @@ def before_upgrade() -> str:
     os.makedirs(d, exist_ok=True)
     shutil.chown(d, "alice", "alice")
     proc = spawn(
-        f"exec 2>{d}/log; cd {d}; exitwatch on-death -- /bin/sh -c 'id -un >{d}/hook-ran' "
+        f"exec 2>{d}/log; cd {d}; exitwatch on-death -- "
+        f"/bin/sh -c 'id -un >{d}/.ran && mv {d}/.ran {d}/hook-ran' "
         f">{d}/hook-id && touch {d}/ready && exec sleep 100000",
         user="alice",
     )

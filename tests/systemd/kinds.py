@@ -58,7 +58,8 @@ def owner_case(check, who: str, source: str) -> None:
         f"exec 2>{d}/log; set -e; cd {d}\n"
         f"docker run -d $(exitwatch labels --format docker-args) {IMAGE} sleep 100000 >cid\n"
         "mkdir w; echo data >w/data; exitwatch mark w\n"
-        f"exitwatch on-death -- /bin/sh -c 'id -un >{d}/hook-ran' >hook-id\n"
+        "exitwatch on-death -- "
+        f"/bin/sh -c 'id -un >{d}/.ran && mv {d}/.ran {d}/hook-ran' >hook-id\n"
         "touch ready; exec sleep 100000",
         user=None if who == "root" else who,
     )

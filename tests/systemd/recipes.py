@@ -127,7 +127,7 @@ def adopt_restart() -> str:
         client = first_line(seen.stderr) or first_line(seen.stdout)
         # What systemd saw of the socket once the service stopped again.
         sh(f"systemctl stop {ADOPT}", check=False)
-        said = " | ".join(journal(cursor, "exitwatch-adopt.socket").splitlines()[-2:])
+        said = " | ".join(journal(cursor, "exitwatch-adopt.socket").splitlines()[-3:])
         # The recipes after this one need a socket that works: a new one.
         sh(f"systemctl reset-failed exitwatch-adopt.socket {ADOPT}", check=False)
         sh("systemctl restart exitwatch-adopt.socket")

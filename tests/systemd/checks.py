@@ -28,6 +28,7 @@ from guest import (
     answers,
     journal,
     journal_cursor,
+    kill,
     main_pid,
     out,
     read,
@@ -186,7 +187,7 @@ def upgrade(debs: str) -> str:
 
 
 def hook_after_upgrade() -> str:
-    os.kill(STATE["upgrade_owner"], 9)
+    kill(STATE["upgrade_owner"], 9)
     took = within(30, lambda: os.path.exists("/tmp/rig-upgrade/hook-ran"), "the hook ran")
     who = wait_file("/tmp/rig-upgrade/hook-ran")
     if who != "alice":
@@ -286,7 +287,7 @@ def stop_start() -> str:
 def sigkill() -> str:
     pid = main_pid()
     before = int(unit("exitwatch", "NRestarts")["NRestarts"])
-    os.kill(pid, 9)
+    kill(pid, 9)
     took = within(
         60,
         lambda: running() and main_pid() not in (0, pid) and answers(),
@@ -307,7 +308,7 @@ def watchdog() -> str:
         raise Failed("a watchdog timeout already happened in this boot")
     pid = main_pid()
     cursor = journal_cursor()
-    os.kill(pid, 19)  # SIGSTOP: the loop sends no WATCHDOG=1 any more
+    kill(pid, 19)  # SIGSTOP: the loop sends no WATCHDOG=1 any more
     took = within(
         90,
         lambda: "Watchdog timeout" in journal(cursor) and running() and main_pid() != pid,

@@ -207,6 +207,10 @@ def wait_file(path: str, seconds: float = 120) -> str:
 
 
 def kill(pid: int, sig: int = 9) -> None:
+    """Signals one process. Never pid 0 or below: a unit with no main pid says MainPID=0, and
+    kill(0) would signal the checks' own process group (their ssh session with it)."""
+    if pid <= 0:
+        raise Failed(f"no process to signal (pid {pid})")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 

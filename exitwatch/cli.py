@@ -310,17 +310,32 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
     help="A command line that owns what its descendants create (repeatable; replaces the "
     "file's rules), e.g. '*/inspect eval *'.",
 )
+@click.option(
+    "--container",
+    "containers",
+    multiple=True,
+    metavar="GLOB",
+    help="A container, by name or image, whose init owns what its clients create "
+    "(repeatable; replaces the file's containers), e.g. 'runner-*'. A container labelled "
+    "exitwatch.adopt=owner is one too.",
+)
 def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
     """Serve one labelling Docker socket for the whole host: each client's creations carry
-    its owner, found from its process (in a container: its init, or the nearest process
-    whose command line a rule matches; on the host: that process, else nobody).
+    its owner, found from its process: the nearest process whose command line a rule
+    matches; else, in a container meant to own (labelled exitwatch.adopt=owner, or named
+    by --container), that container's init; else nobody.
 
     SIGTERM or SIGINT stops it; under exitwatch-adopt.socket, one socket file serves across
     restarts. exitwatch-adopt(8) has the recipes.
     """
     _require_root("exitwatch adopt", "its socket takes the engine socket's owner and group")
     config = _config(config_path)
-    given = {"listen": listen, "docker_host": flags["adopt_docker_host"], "rules": flags["rules"]}
+    given = {
+        "listen": listen,
+        "docker_host": flags["adopt_docker_host"],
+        "rules": flags["rules"],
+        "containers": flags["containers"],
+    }
     try:
         config = replace(
             config,
@@ -341,7 +356,9 @@ def adopt(config_path: str | None, listen: str | None, **flags: object) -> None:
     stopping = threading.Event()
     shutdown.on_signals({signal.SIGTERM: stopping.set, signal.SIGINT: stopping.set})
     try:
-        serve(Settings(config.adopt.listen, engine, config.adopt.rules), stopping, os.environ)
+        adopt = config.adopt
+        settings = Settings(adopt.listen, engine, adopt.rules, adopt.containers)
+        serve(settings, stopping, os.environ)
     except AdoptError as err:
         raise click.ClickException(str(err)) from None
 

@@ -20,6 +20,11 @@ LABEL_KEEP = "exitwatch.keep"
 # init "container NAME" there. `exitwatch status` shows it; nothing is decided by it.
 LABEL_OWNER_NAME = "exitwatch.owner-name"
 LABEL_COMPOSE_PROJECT = "com.docker.compose.project"
+# On a runner container: `exitwatch adopt` makes it an owner (its init owns what its
+# clients create). A container without it that mounts the socket is a client as a host
+# process is (docs/adopt.md).
+LABEL_ADOPT = "exitwatch.adopt"
+ADOPT_OWNER = "owner"
 MARKER = ".exitwatch-owner"
 MARKER_MAX_BYTES = 4096
 ENV_OWNER = "EXITWATCH_OWNER"

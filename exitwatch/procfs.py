@@ -26,6 +26,7 @@ class Stat:
     # Where the environment lies in memory (fields 50-51): a new one at every exec. Zeros
     # to a reader without ptrace access, None on kernels before 3.5.
     env_area: tuple[int, int] | None = None
+    pgrp: int = 0  # its process group (field 5)
 
 
 def boot_id(proc: str = PROC) -> str:
@@ -63,6 +64,7 @@ def parse_stat(data: str) -> Stat:
         starttime=int(rest[19]),
         exit_code=int(rest[49]) if len(rest) > 49 else None,
         env_area=(int(rest[47]), int(rest[48])) if len(rest) > 48 else None,
+        pgrp=int(rest[2]),
     )
 
 

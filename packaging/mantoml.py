@@ -58,6 +58,7 @@ enabled = false
 
 [adopt]
 rules = ["*/inspect eval *", "bench eval *"]
+containers = ["runner-*"]
 """
 
 CONFIG_NOTES = r"""

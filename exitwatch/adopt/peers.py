@@ -5,12 +5,16 @@ inside a container).
 From the client up through its ancestors, the first process whose command line (its
 arguments joined by single spaces) matches one of the rules (fnmatch patterns) is the owner.
 In a pid namespace other than the host's (a container), the walk stays in that namespace,
-and with no match the owner is the namespace's init (its last NSpid is 1): `docker kill`,
+and with no match the owner is the namespace's init (its last NSpid is 1) if its container
+is meant to own (containers.py: a label or an operator's pattern says so): `docker kill`,
 an OOM kill, a crash and `docker restart` all end it. A process entered into the container
 from outside (`docker exec`) has a parent outside it: its init is the one the engine names
-for the container of its cgroup. On the host, a client that no rule matches is nobody's,
-and passes through untouched. Where the owner cannot be found for sure, the connection's
-creations are refused (Refuse), never passed on unlabelled.
+for the container of its cgroup. A client in the host's pid namespace whose cgroup is an
+owner container's (`--pid=host`) is that container's too, by the same init. Any other
+client that no rule matches is nobody's, and passes through untouched, but for one left in
+the process group of a dead owner that led it (its orphans): their creations are refused.
+Where the owner cannot be found for sure, the connection's creations are refused (Refuse),
+never passed on unlabelled.
 
 Everything read here is readable by any user (stat, status, cmdline, cgroup): no ptrace
 access is needed. The client is pinned by a pidfd (the peer's own with SO_PEERPIDFD, Linux
@@ -33,8 +37,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exitwatch import procfs
-from exitwatch.engine.errors import EngineRefused
-from exitwatch.engine.oneshot import OneShot
+from exitwatch.adopt.containers import Container, Containers, Unanswered
+from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT
 from exitwatch.engine.url import Endpoint
 from exitwatch.owner import current_boot_id
 from exitwatch.proxy.policy import Owned, Owner, Refuse
@@ -45,16 +49,17 @@ SO_PEERPIDFD = 77  # Linux 6.5; Python 3.11's socket module does not name it
 CMDLINE_MAX = 64 * 1024  # bytes of a command line matched against the rules, at most
 NAME_MAX = 200  # characters of a command line on the label exitwatch.owner-name
 CACHED = 4096  # processes whose namespace depth is remembered (per pid and start time)
-CONTAINERS = 1024  # containers whose name and init are remembered
+LEADERS = 4096  # rule-matched owners that lead their process group, remembered
 MAX_WALK = 4096  # ancestors walked at most: no process tree is this deep
 REREADS = 3  # times a process is read again when its parent dies under the walk
-INSPECT_TIMEOUT = 5.0  # seconds for the engine to say which container a cgroup is
-# A Docker container's id in a cgroup path: /docker/ID (cgroupfs), docker-ID.scope (systemd).
-_CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$", re.M)
 
 
 class _Unknown(Exception):
     """The owner cannot be found for sure; the message says why, in one line."""
+
+
+class _Orphan(Exception):
+    """The client is a dead owner's orphan; the message says why, in one line."""
 
 
 @dataclass(frozen=True)
@@ -62,16 +67,10 @@ class _Proc:
     pid: int  # as the host sees it
     start: int  # clock ticks after boot
     ppid: int
+    pgrp: int  # its process group, as the host sees it
     depth: int  # of its pid namespace: 1 for the host's
     inner: int  # its pid in its own namespace: 1 for an init
     line: str  # its command line
-
-
-@dataclass(frozen=True)
-class _Container:
-    name: str
-    init: int  # host pid of its init, 0 when it is not running
-    init_start: int
 
 
 class Adopting:
@@ -79,15 +78,23 @@ class Adopting:
     engine at `engine` (which names containers). Thread-safe: connections are served at
     once."""
 
-    def __init__(self, rules: Iterable[str], engine: Endpoint, proc: str = procfs.PROC) -> None:
+    def __init__(
+        self,
+        rules: Iterable[str],
+        engine: Endpoint,
+        proc: str = procfs.PROC,
+        containers: Iterable[str] = (),
+    ) -> None:
         self.rules = tuple(rules)
         self._match = re.compile("|".join(fnmatch.translate(r) for r in self.rules) or r"(?!)")
-        self._engine, self._proc = OneShot(engine, INSPECT_TIMEOUT), proc
+        self._proc = proc
+        self.containers = Containers(engine, containers, proc)
         self._lock = threading.Lock()
         self._depths: collections.OrderedDict[tuple[int, int], tuple[int, int]] = (
             collections.OrderedDict()
         )
-        self._containers: collections.OrderedDict[str, _Container] = collections.OrderedDict()
+        # Rule-matched host owners that lead their process group: pgid -> (start, line).
+        self._leaders: collections.OrderedDict[int, tuple[int, str]] = collections.OrderedDict()
         self._told: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def owner_for(self, client: socket.socket) -> Owner:
@@ -103,7 +110,7 @@ class Adopting:
             if _exited(pidfd):
                 # What was read may be of another process that took its pid since.
                 return Refuse(f"the client (pid {pid}) exited before its owner could be found")
-        except _Unknown as why:
+        except (_Unknown, _Orphan) as why:
             return Refuse(str(why))
         except ProcessLookupError:
             return Refuse(f"the client (pid {pid}) exited before its owner could be found")
@@ -123,9 +130,11 @@ class Adopting:
         client = me = self._read(pid)
         for _ in range(MAX_WALK):
             if self._match.fullmatch(me.line):
+                if client.depth == 1 and me.pgrp == me.pid:
+                    self._lead(me)
                 return self._owned(me, client, matched=True)
             if client.depth > 1 and me.inner == 1:
-                return self._owned(me, client, matched=False)
+                return self._of_container(me, client, self._holding(me.pid, fresh=False))
             if me.ppid == 0:  # the host's init (or kthreadd)
                 break
             me, parent = self._parent(me)
@@ -135,8 +144,79 @@ class Adopting:
         else:
             raise _Unknown(f"the client (pid {pid}) has more than {MAX_WALK} ancestors")
         if client.depth == 1:
+            return self._on_host(client)
+        return self._of_container(*self._entered(client), client)
+
+    def _holding(self, pid: int, fresh: bool) -> Container | None:
+        try:
+            return self.containers.holding(pid, fresh)
+        except Unanswered as err:
+            raise _Unknown(f"pid {pid} is in a container, and {err}") from None
+
+    def _of_container(self, init: _Proc, client: _Proc, found: Container | None) -> Owned | None:
+        """The owner of a client of the container `found`, whose init is `init`: that init
+        if the container is meant to own, else nobody."""
+        if found is None or not found.owner:
+            if found is not None:
+                self._passing(found)
             return None
-        return self._owned(self._entered(client), client, matched=False)
+        return self._owned(init, client, matched=False)
+
+    def _on_host(self, client: _Proc) -> Owned | None:
+        """A host pid namespace's client that no rule matches: its container's (one started
+        with --pid=host, known by its cgroup) if that is an owner; else nobody's, but for a
+        dead leader's orphan (_orphan)."""
+        self._orphan(client)
+        found = self._holding(client.pid, fresh=False)
+        if found is None or not found.owner:
+            return None
+        init = self._init(found)
+        if init is None:
+            found = self._holding(client.pid, fresh=True)  # restarted since remembered
+            init = self._init(found) if found is not None else None
+        if found is None or init is None:
+            why = f"pid {client.pid} is in a container started with --pid=host"
+            raise _Unknown(f"{why}, and its container's init is not running")
+        return self._of_container(init, client, found)
+
+    def _init(self, found: Container) -> _Proc | None:
+        """The container's init as the engine named it, if it still is that process."""
+        if not found.init:
+            return None
+        try:
+            init = self._read(found.init)
+        except ProcessLookupError:
+            return None
+        return init if init.start == found.init_start else None
+
+    def _lead(self, owner: _Proc) -> None:
+        """Remember a rule-matched host owner that leads its process group: what is left in
+        the group once it died is its orphans (_orphan)."""
+        with self._lock:
+            self._leaders[owner.pid] = (owner.start, owner.line[:NAME_MAX])
+            self._leaders.move_to_end(owner.pid)
+            if len(self._leaders) > LEADERS:
+                self._leaders.popitem(last=False)
+
+    def _orphan(self, client: _Proc) -> None:
+        """Raise _Orphan when `client` is left in the process group of a rule-matched owner
+        that led it and has died (its children, reparented to init, and theirs): a dead
+        owner's leftovers may not create what nobody would reap."""
+        if client.pgrp == client.pid:
+            return
+        with self._lock:
+            leader = self._leaders.get(client.pgrp)
+        if leader is None or client.start < leader[0]:
+            return
+        try:
+            alive = procfs.read_stat(client.pgrp, self._proc).starttime == leader[0]
+        except ProcessLookupError:
+            alive = False
+        if not alive:
+            raise _Orphan(
+                f"pid {client.pid} is left in the process group of owner {client.pgrp} "
+                f"({leader[1]!r}), which has died: a dead owner's orphans may not create"
+            )
 
     def _read(self, pid: int) -> _Proc:
         """One process, as the walk needs it. Its namespace never changes: remembered."""
@@ -156,7 +236,7 @@ class Adopting:
                 self._depths[key] = depth
                 if len(self._depths) > CACHED:
                     self._depths.popitem(last=False)
-        return _Proc(pid, st.starttime, st.ppid, depth[0], depth[1], line)
+        return _Proc(pid, st.starttime, st.ppid, st.pgrp, depth[0], depth[1], line)
 
     def _parent(self, me: _Proc) -> tuple[_Proc, _Proc]:
         """(me as it is now, its parent). A parent that died under the walk left `me` to
@@ -175,11 +255,11 @@ class Adopting:
             me = again
         raise _Unknown(f"the parent of pid {me.pid} kept changing while it was looked up")
 
-    def _entered(self, client: _Proc) -> _Proc:
-        """The init of the container that `client` was entered into from outside: the
-        engine's for the container its cgroup names."""
+    def _entered(self, client: _Proc) -> tuple[_Proc, Container]:
+        """The init of the container that `client` was entered into from outside, and that
+        container: the engine's for the container its cgroup names."""
         why = f"pid {client.pid} was entered into its pid namespace from outside (docker exec)"
-        found = self._container(client.pid, fresh=True)
+        found = self._holding(client.pid, fresh=True)
         if found is None or not found.init:
             raise _Unknown(f"{why}, and no running container of this engine holds it")
         try:
@@ -188,7 +268,7 @@ class Adopting:
             raise _Unknown(f"{why}, and its container's init has just ended") from None
         if (init.start, init.depth, init.inner) != (found.init_start, client.depth, 1):
             raise _Unknown(f"{why}, and its container's init is not in its namespace")
-        return init
+        return init, found
 
     # -- the owner found ------------------------------------------------------------------------
 
@@ -198,7 +278,7 @@ class Adopting:
         never its arguments, which may hold a secret, and a label is seen by many."""
         text = f"{current_boot_id()}:{owner.pid}:{owner.start}"
         container = None
-        if client.depth > 1:
+        if client.depth > 1 or not matched:  # not matched: a container's init
             with contextlib.suppress(OSError):  # the name is for people: the owner stands alone
                 container = self._container(owner.pid, fresh=False)
         where = f"container {container.name}" if container and container.name else ""
@@ -209,40 +289,27 @@ class Adopting:
         what = f"{program} (rule {rule})"
         return Owned(text, f"{where}: {what}" if where else what)
 
-    def _container(self, pid: int, fresh: bool) -> _Container | None:
-        """The container of this engine's whose cgroup holds `pid`, or None. Remembered by
-        its id; `fresh` asks the engine again, for an init that a restart may have changed."""
-        ids = _CONTAINER_ID.findall(procfs.cgroup(pid, self._proc))
-        if not ids:
-            return None
-        cid = ids[-1]
+    def _container(self, pid: int, fresh: bool) -> Container | None:
+        """The container of this engine's whose cgroup holds `pid` (containers.py)."""
+        return self.containers.holding(pid, fresh)
+
+    def _passing(self, found: Container) -> None:
+        """Say once (while remembered) that a container's clients pass through: a runner
+        container that should own lacks its opt-in."""
+        key = f"passing {found.name}"
         with self._lock:
-            known = self._containers.get(cid)
-        if known is not None and not fresh:
-            return known
-        try:
-            doc = self._engine.inspect(cid)
-        except EngineRefused:  # no such container (or none the engine would say)
-            doc = {}
-        except (OSError, ValueError) as err:
-            log.debug("container %s: %s", cid[:12], err)
-            return known
-        if not isinstance(doc, dict) or not isinstance(doc.get("State"), dict):
-            return None
-        init = doc["State"].get("Pid") or 0
-        start = 0
-        if isinstance(init, int) and init > 0:
-            try:
-                start = procfs.read_stat(init, self._proc).starttime
-            except ProcessLookupError:
-                init = 0
-        found = _Container(str(doc.get("Name", "")).lstrip("/"), init, start)
-        with self._lock:
-            self._containers[cid] = found
-            self._containers.move_to_end(cid)
-            if len(self._containers) > CONTAINERS:
-                self._containers.popitem(last=False)
-        return found
+            if key in self._told:
+                return
+            self._told[key] = None
+            if len(self._told) > CACHED:
+                self._told.popitem(last=False)
+        log.info(
+            "container %s is no owner (no label %s=%s, no [adopt] containers pattern): "
+            "what its clients create passes through unlabelled",
+            found.name,
+            LABEL_ADOPT,
+            ADOPT_OWNER,
+        )
 
     def _tell(self, found: Owned, pid: int) -> None:
         """Log each owner once (while it is remembered), with what it is."""

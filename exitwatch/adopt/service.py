@@ -25,6 +25,7 @@ from exitwatch.adopt.listening import (
     open_activated,
 )
 from exitwatch.adopt.peers import Adopting
+from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT
 from exitwatch.engine.url import Endpoint
 from exitwatch.proxy.server import Proxy
 
@@ -42,6 +43,7 @@ class Settings:
     listen: str  # the socket to bind, when systemd passes none
     engine: Endpoint  # the engine forwarded to
     rules: tuple[str, ...]  # fnmatch patterns of owners' command lines
+    containers: tuple[str, ...] = ()  # fnmatch patterns of owner containers' names or images
 
 
 def serve(settings: Settings, stop: threading.Event, env: MutableMapping[str, str]) -> None:
@@ -58,16 +60,22 @@ def serve(settings: Settings, stop: threading.Event, env: MutableMapping[str, st
         _not_itself(listening, settings.engine)
         said: set[str] = set()
         _align(listening, settings.engine, said, starting=True)
-        proxy = Proxy(listening.sock, settings.engine, Adopting(settings.rules, settings.engine))
+        policy = Adopting(settings.rules, settings.engine, containers=settings.containers)
+        proxy = Proxy(listening.sock, settings.engine, policy)
         proxy.start()
         how = "passed by systemd" if listening.activated else "bound"
         rules = ", ".join(repr(r) for r in settings.rules) or "none"
+        owners = ", ".join(repr(c) for c in settings.containers) or "none"
         log.info(
-            "ready: serving %s (%s) for the engine at %s; rules: %s",
+            "ready: serving %s (%s) for the engine at %s; rules: %s; owner containers: "
+            "labelled %s=%s, or named or of an image as %s",
             listening.path,
             how,
             settings.engine.where,
             rules,
+            LABEL_ADOPT,
+            ADOPT_OWNER,
+            owners,
         )
         try:
             while not stop.wait(ALIGN_EVERY):

@@ -37,8 +37,13 @@ class Adopt:
     rules: tuple[str, ...] = ()
     """Command lines that own what their descendants create through the socket: fnmatch
     patterns matched against a process's arguments joined by single spaces, such as
-    "*/inspect eval *". The nearest matching process from the client up is the owner; in a
-    container with no match, the container's init; on the host with no match, nobody."""
+    "*/inspect eval *". The nearest matching process from the client up is the owner; with
+    no match, the init of an owner container (below) for its clients; else nobody."""
+    containers: tuple[str, ...] = ()
+    """Containers that own what their clients create through the socket (runner containers,
+    Recipe 1): fnmatch patterns matched against a container's name and its image, such as
+    "runner-*" or "my-runner-image:*". A container labelled exitwatch.adopt=owner is one
+    too. Any other container that reaches the socket is a client as a host process is."""
 
 
 def _kind_defaults() -> dict[str, Any]:
@@ -160,6 +165,10 @@ class Config:
             ),
             "rules": (
                 all(r.strip() and "\0" not in r for r in adopt.rules),
+                "a list of non-empty fnmatch patterns",
+            ),
+            "containers": (
+                all(c.strip() and "\0" not in c for c in adopt.containers),
                 "a list of non-empty fnmatch patterns",
             ),
         }

@@ -19,7 +19,7 @@ import pytest
 
 from exitwatch import procfs
 from exitwatch.adopt.peers import Adopting
-from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME
+from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT, LABEL_OWNER, LABEL_OWNER_NAME
 from exitwatch.engine.url import Endpoint
 from exitwatch.proxy.server import Proxy, listen
 
@@ -79,6 +79,7 @@ def served(engine, monkeypatch) -> Iterator[tuple[Path, _Failing]]:
 
 def _client(engine, sock: Path, name: str, prefix: str) -> str:
     argv = ["docker", "run", "--rm", "--name", name, "-v", f"{sock}:/var/run/docker.sock"]
+    argv += ["--label", f"{LABEL_ADOPT}={ADOPT_OWNER}"]  # a runner container (Recipe 1)
     argv += [*cli_mounts(), "-e", f"P={prefix}", "-e"]
     argv += [f"IMAGE={engine.image}", engine.image, "sh", "-c", CLIENT]
     done = subprocess.run(argv, env=engine.env(), capture_output=True, text=True, timeout=120)

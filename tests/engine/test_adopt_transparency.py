@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME
+from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT, LABEL_OWNER, LABEL_OWNER_NAME
 
 from support import runners, tools
 from support.adopt import PLUGINS, adopting, cli_mounts
@@ -75,6 +75,7 @@ def _in_container(
     whose /var/run/docker.sock is `sock`, with the static CLI as `docker` and `work`
     mounted where it is, and the `extra` options; its output."""
     argv = ["docker", "run", "--rm", "--name", name, "-v", f"{sock}:/var/run/docker.sock"]
+    argv += ["--label", f"{LABEL_ADOPT}={ADOPT_OWNER}"]  # a runner container (Recipe 1)
     argv += [*cli_mounts(), "-v", f"{work}:{work}", "-w", str(work)]
     done = subprocess.run(
         [*argv, *extra, image or engine.image, "sh", "-euo", "pipefail", "-c", script],

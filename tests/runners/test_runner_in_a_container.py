@@ -21,6 +21,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT
+
 from support import runners, tools
 from support.adopt import Adopt, cli_mounts, init_owner, owned, short_dir
 from support.agentproc import GONE_DEADLINE, Agents
@@ -106,6 +108,7 @@ def test_verifiers_in_a_killed_container_leaves_nothing(rig, scratch) -> None:
     python = runners.PYTHON
     argv = ["run", "-d", "--name", "vf-runner", "--network", "host"]
     argv += ["-v", f"{adopt.listen}:/var/run/docker.sock", *cli_mounts()]
+    argv += ["--label", f"{LABEL_ADOPT}={ADOPT_OWNER}"]  # Recipe 1's opt-in
     argv += ["-v", f"{python}:{python}:ro", "-v", f"{venv}:{venv}:ro"]
     # The host's libraries that the venv's extension modules need (the image has python's).
     for lib in sorted(runners.libraries([str(p) for p in venv.rglob("*.so*")])):

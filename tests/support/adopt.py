@@ -19,7 +19,7 @@ from pathlib import Path
 
 import docker
 
-from exitwatch.contract import LABEL_OWNER
+from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT, LABEL_OWNER
 from exitwatch.owner import current_boot_id
 from exitwatch.procfs import read_stat
 
@@ -55,12 +55,15 @@ class Adopt:
         rules: tuple[str, ...] = (),
         held: socket.socket | None = None,
         preexec: Callable[[], None] | None = None,
+        containers: tuple[str, ...] = (),
     ) -> None:
         self.listen, self.log = listen, log
         argv = [sys.executable, "-m", "exitwatch", "adopt", "--docker-host", f"unix://{engine}"]
         argv += ["--listen", str(listen)]
         for rule in rules:
             argv += ["--rule", rule]
+        for pattern in containers:
+            argv += ["--container", pattern]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "LISTEN_"))}
         fds: tuple[int, ...] = ()
         if held is not None:
@@ -114,12 +117,15 @@ def adopting(
     rules: tuple[str, ...] = (),
     logs: Path | None = None,
     preexec: Callable[[], None] | None = None,
+    containers: tuple[str, ...] = (),
 ) -> Iterator[Adopt]:
     """`exitwatch adopt` in front of the private engine, bound by hand in a fresh directory;
     stopped afterwards. `preexec` runs in its process before the exec."""
     where = short_dir()
     log = (logs or where) / "adopt.log"
-    adopt = Adopt(engine.socket, where / "docker.sock", log, rules, preexec=preexec)
+    adopt = Adopt(
+        engine.socket, where / "docker.sock", log, rules, preexec=preexec, containers=containers
+    )
     try:
         adopt.wait_ready()
         yield adopt
@@ -148,11 +154,16 @@ def cli_mounts() -> list[str]:
     return ["-v", f"{DEBIAN_CLI}:/bin/docker:ro", *(f"-v{lib}:{lib}:ro" for lib in libraries)]
 
 
-def runner_argv(adopt: Adopt, name: str, *extra: str, compose: Path | None = None) -> list[str]:
+def runner_argv(
+    adopt: Adopt, name: str, *extra: str, compose: Path | None = None, owner: bool = True
+) -> list[str]:
     """`docker run -d` arguments of a runner container `name` with the adopt socket mounted
     where its clients look for the engine, and the static CLI (and compose v2's plugin,
-    from the DOCKER_CONFIG `compose`) mounted in."""
+    from the DOCKER_CONFIG `compose`) mounted in; labelled an owner (exitwatch.adopt=owner,
+    Recipe 1's opt-in) unless `owner` is false."""
     argv = ["run", "-d", "--name", name, "-v", f"{adopt.listen}:/var/run/docker.sock"]
+    if owner:
+        argv += ["--label", f"{LABEL_ADOPT}={ADOPT_OWNER}"]
     argv += cli_mounts()
     if compose is not None:
         plugin = compose / "cli-plugins" / "docker-compose"

@@ -43,22 +43,33 @@ other request passes unchanged.
 
 OWNERS = r"""
 .TP
-In a container (a pid namespace other than the host's)
-The nearest process in that namespace, from the client up, whose command line a rule
-matches; else the container's init, as the host names it.
+In an owner container
+A container labelled
+.BR exitwatch.adopt=owner ,
+or whose name or image a pattern of
+.B containers
+matches (a runner container): the nearest process in the container, from the client up,
+whose command line a rule matches; else the container's init, as the host names it.
 .BR "docker kill" ,
 an OOM kill, a crash and
 .B docker restart
-all end that init, and what it made is reaped.
+all end that init, and what it made is reaped. Clients entered into it
+.RB ( "docker exec" )
+and clients of one started with
+.B \-\-pid=host
+(known by the container's cgroup) are its too.
 .TP
-Entered into a container from outside (\fBdocker exec\fR)
-That container's init.
-.TP
-On the host
+In any other container, or on the host
 The nearest process, from the client up, whose command line a rule matches; else nobody:
 the connection passes through untouched and unlabelled, so an operator's own
 .B docker run \-d
-is never removed.
+is never removed, and what a launcher, a manager, Portainer or Watchtower starts from a
+container outlives it.
+.TP
+A dead owner's orphan
+A host client left in the process group of a rule\-matched owner that led the group and
+has died (its children, reparented to init, and theirs): its creations are refused, so a
+SIGKILL of a runner that leads its group leaves nothing.
 .TP
 One whose owner cannot be found for sure
 (a transient /proc error, a client gone before it was read): its creations are refused
@@ -79,6 +90,14 @@ table of
 .BR exitwatch.toml (5),
 or by
 .BR \-\-rule .
+A container is an owner by its label
+.B exitwatch.adopt=owner
+or by
+.B containers
+in the
+.B [adopt]
+table (fnmatch patterns over its name and its image), or by
+.BR \-\-container .
 .BR "exitwatch status"
 shows an adopted owner with what it is:
 .I container NAME
@@ -134,15 +153,23 @@ Turn it on; the agent must run too:
 systemctl enable \-\-now exitwatch exitwatch\-adopt.socket
 .EE
 .PP
-A runner in a container mounts the adopt socket where its clients look for the engine;
+A runner in a container mounts the adopt socket where its clients look for the engine,
+and is labelled an owner;
 .BR "docker kill" ,
 .B docker stop
 or an OOM kill of the runner's container removes all it created:
 .PP
 .EX
-docker run \-d \-\-name runner \e
+docker run \-d \-\-name runner \-\-label exitwatch.adopt=owner \e
     \-v /run/exitwatch/docker.sock:/var/run/docker.sock \e
     my\-runner\-image my\-runner \-\-its \-\-arguments
+.EE
+.PP
+Or, without the label, name the runner containers in /etc/exitwatch/config.toml:
+.PP
+.EX
+[adopt]
+containers = ["runner\-*", "my\-runner\-image:*"]
 .EE
 .PP
 Runners on the host: point DOCKER_HOST at the socket (in /etc/environment for login
@@ -178,7 +205,7 @@ by hand).
 The
 .B [adopt]
 table:
-.BR listen ", " docker_host ", " rules
+.BR listen ", " docker_host ", " rules ", " containers
 .RB ( exitwatch.toml (5)).
 .TP
 .I /lib/systemd/system/exitwatch\-adopt.socket
@@ -188,6 +215,11 @@ The socket unit, with exitwatch\-adopt.service beside it; both disabled until en
 BUGS = r"""
 A client that sets its own DOCKER_HOST, \fB\-H\fR or a Docker context bypasses the socket.
 A container that mounted the engine's socket rather than the adopt socket is not adopted.
+A container that mounts the adopt socket without the label or a pattern is no owner: a
+runner container set up before the label existed needs it added.
+A dead owner's orphan is found only in the process group the owner led, and only if the
+service saw the owner create something: one that left the group (setsid, setpgid), or the
+children of a runner that does not lead its group, pass through as host clients do.
 """
 
 

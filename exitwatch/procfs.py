@@ -108,6 +108,31 @@ def identity(pid: int, proc: str = PROC) -> tuple[int, int, int]:
     return int(rest[19]), 0, 0
 
 
+def lineage(pid: int, proc: str = PROC) -> tuple[int, int, int, int, int]:
+    """(start time, environment start, environment end, parent pid, process group) of PID,
+    from raw bytes of /proc/PID/stat, as identity() reads them: what a walk up a process
+    tree needs of each process, at a fraction of read_stat's cost.
+
+    Raises ProcessLookupError when the process is gone.
+    """
+    try:
+        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError) as err:
+        raise ProcessLookupError(pid) from err
+    try:
+        data = os.read(fd, 4096)
+    except ProcessLookupError as err:
+        raise ProcessLookupError(pid) from err
+    finally:
+        os.close(fd)
+    end = data.rfind(b")")
+    if end < 0:  # nothing read: the task went away meanwhile
+        raise ProcessLookupError(pid)
+    rest = data[end + 2 :].split()
+    env = (int(rest[47]), int(rest[48])) if len(rest) > 48 else (0, 0)
+    return int(rest[19]), env[0], env[1], int(rest[1]), int(rest[2])
+
+
 def _read_bytes(path: str, pid: int, limit: int) -> bytes:
     """Up to `limit` bytes of a file of /proc/PID. Raises ProcessLookupError when the
     process is gone, OSError for any other failure."""

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 SO_PEERPIDFD = 77  # Linux 6.5; Python 3.11's socket module does not name it
 CMDLINE_MAX = 64 * 1024  # bytes of a command line matched against the rules, at most
 NAME_MAX = 200  # characters of a command line on the label exitwatch.owner-name
-CACHED = 4096  # processes whose namespace depth is remembered (per pid and start time)
+CACHED = 4096  # processes read (per pid, start time and exec) whose reading is remembered
 LEADERS = 4096  # rule-matched owners that lead their process group, remembered
 MAX_WALK = 4096  # ancestors walked at most: no process tree is this deep
 REREADS = 3  # times a process is read again when its parent dies under the walk
@@ -90,7 +90,11 @@ class Adopting:
         self._proc = proc
         self.containers = Containers(engine, containers, proc)
         self._lock = threading.Lock()
-        self._depths: collections.OrderedDict[tuple[int, int], tuple[int, int]] = (
+        self._boot = current_boot_id()
+        # What never changes within one exec of one process: its pid namespace (depth, and
+        # its pid there) and its command line, by (pid, start time, environment area: a new
+        # one at every exec). Without the area (no ptrace access), the command line is read.
+        self._known: collections.OrderedDict[tuple[int, ...], tuple[int, int, str]] = (
             collections.OrderedDict()
         )
         # Rule-matched host owners that lead their process group: pgid -> (start, line).
@@ -145,7 +149,8 @@ class Adopting:
             raise _Unknown(f"the client (pid {pid}) has more than {MAX_WALK} ancestors")
         if client.depth == 1:
             return self._on_host(client)
-        return self._of_container(*self._entered(client), client)
+        init, found = self._entered(client)
+        return self._of_container(init, client, found)
 
     def _holding(self, pid: int, fresh: bool) -> Container | None:
         try:
@@ -219,24 +224,32 @@ class Adopting:
             )
 
     def _read(self, pid: int) -> _Proc:
-        """One process, as the walk needs it. Its namespace never changes: remembered."""
-        st = procfs.read_stat(pid, self._proc)
-        line = " ".join(
-            a.decode("utf-8", "replace") for a in procfs.cmdline(pid, CMDLINE_MAX, self._proc)
-        )
-        key = (pid, st.starttime)
+        """One process, as the walk needs it: its parent and group read each time (a parent
+        may die and leave it to another); the rest remembered for the exec it is in."""
+        start, env_start, env_end, ppid, pgrp = procfs.lineage(pid, self._proc)
+        key = (pid, start, env_start, env_end)
         with self._lock:
-            depth = self._depths.get(key)
-            if depth is not None:
-                self._depths.move_to_end(key)
-        if depth is None:
-            ns = procfs.nspid(pid, self._proc)
-            depth = (len(ns), ns[-1])
+            known = self._known.get(key)
+            if known is not None:
+                self._known.move_to_end(key)
+        if known is None or not env_end:
+            args = procfs.cmdline(pid, CMDLINE_MAX, self._proc)
+            line = " ".join(a.decode("utf-8", "replace") for a in args)
+            if known is None:
+                ns = procfs.nspid(pid, self._proc)
+                known = (len(ns), ns[-1], line)
+            else:
+                known = (known[0], known[1], line)
+            # Read after the command line: an exec in between has a new area, and the
+            # reading is then remembered under a key no later read will find.
+            if procfs.lineage(pid, self._proc)[:3] != (start, env_start, env_end):
+                key = ()
             with self._lock:
-                self._depths[key] = depth
-                if len(self._depths) > CACHED:
-                    self._depths.popitem(last=False)
-        return _Proc(pid, st.starttime, st.ppid, st.pgrp, depth[0], depth[1], line)
+                if key:
+                    self._known[key] = known
+                    if len(self._known) > CACHED:
+                        self._known.popitem(last=False)
+        return _Proc(pid, start, ppid, pgrp, known[0], known[1], known[2])
 
     def _parent(self, me: _Proc) -> tuple[_Proc, _Proc]:
         """(me as it is now, its parent). A parent that died under the walk left `me` to
@@ -276,7 +289,7 @@ class Adopting:
         """`owner`'s owner string, with what it is: for a container's init, the container's
         name; for a rule's match, its program and the rule (and its container, if in one),
         never its arguments, which may hold a secret, and a label is seen by many."""
-        text = f"{current_boot_id()}:{owner.pid}:{owner.start}"
+        text = f"{self._boot}:{owner.pid}:{owner.start}"
         container = None
         if client.depth > 1 or not matched:  # not matched: a container's init
             with contextlib.suppress(OSError):  # the name is for people: the owner stands alone

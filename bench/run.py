@@ -165,7 +165,7 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
         "sections": {},
         "costs": {},
     }
-    begun = time.monotonic()
+    begun, load = time.monotonic(), round(os.getloadavg()[0], 2)
     sections, costs = results["sections"], results["costs"]
 
     def section(name: str, measure: Callable[[], dict | list]) -> None:
@@ -255,8 +255,35 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
         engine.close()
         shutil.rmtree(work, ignore_errors=True)
     results["duration_s"] = round(time.monotonic() - begun, 1)
+    # The 1-minute load average at the start and the end: other work on the machine.
+    results["load"] = {"start": load, "end": round(os.getloadavg()[0], 2)}
     results["targets"] = report.targets(results)
     return results
+
+
+def merged(old: dict, new: dict) -> dict:
+    """`old` results with the sections of `new` in place of its own: a section rerun on
+    its own, told apart by `merged` (when, how long, its sizes, the load meanwhile)."""
+    if old.get("smoke") != new["smoke"]:
+        raise SystemExit("--merge: smoke and full sizes do not mix")
+    out = dict(old)
+    out["sections"] = dict(old["sections"])
+    out["costs"] = dict(old.get("costs", {}))
+    out["sizes"] = dict(old["sizes"])
+    out["merged"] = dict(old.get("merged", {}))
+    for name, figures in new["sections"].items():
+        out["sections"][name] = figures
+        out["costs"][name] = new["costs"][name]
+        sizes = {k: v for k, v in new["sizes"].items() if k.startswith(f"{name}_")}
+        out["sizes"].update(sizes)
+        out["merged"][name] = {
+            "started": new["started"],
+            "duration_s": new["duration_s"],
+            "sizes": sizes,
+            "load": new.get("load", "unknown"),
+        }
+    out["targets"] = report.targets(out)
+    return out
 
 
 def _scale(engine: Engine, owners: list, sizes: Sizes, work: str, empty: str) -> dict:
@@ -280,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--results", default=str(HERE / "results.json"))
     parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="put the sections run (with --only) into the existing --results, keeping the "
+        "others; each merged section's start, duration, sizes and load are kept under "
+        "`merged`",
+    )
+    parser.add_argument(
         "--docs",
         default=str(HERE.parent / "docs" / "benchmarks.md"),
         help="the page to update; empty: leave it alone",
@@ -302,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("run as root: the agent, the engine and the proc connector need it")
     results = run(args, args.results + ".partial")
     os.unlink(args.results + ".partial")
+    if args.merge:
+        results = merged(json.loads(Path(args.results).read_text()), results)
     Path(args.results).write_text(json.dumps(results, indent=2) + "\n")
     print(report.table(results))
     if args.docs:

@@ -31,6 +31,11 @@ def test_a_process_that_execs_is_read_again() -> None:
         stdin=subprocess.PIPE,
     )
     try:
+        wait_for(
+            lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().endswith(b"exitwatch-before\0"),
+            timeout=10,
+            what="sh's own exec",
+        )
         first = adopting._read(proc.pid)
         assert first.line.endswith("exitwatch-before")
         assert adopting.identify(proc.pid) is None  # nothing matches, on the host: nobody

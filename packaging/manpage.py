@@ -69,9 +69,10 @@ hook once it exits 0. A runner that labels nothing can be run under
 serves one labelling Docker socket for the whole host, for runners that cannot be started
 under exitwatch\-run: mounted into a runner's container in place of /var/run/docker.sock,
 or named by DOCKER_HOST. The kernel names each client's process (SO_PEERCRED), even inside
-a container; what it creates is labelled with its owner: in a container, the nearest
-process whose command line a rule matches, else the container's init (the container's
-life); on the host, the nearest such process, else nobody, and it passes unlabelled.
+a container; what it creates is labelled with its owner: the nearest process whose command
+line a rule matches; else, in a runner container (labelled exitwatch.adopt=owner, or named
+in [adopt] containers), the container's init (the container's life); else nobody, and it
+passes unlabelled.
 """
 
 FILES = [

@@ -97,7 +97,7 @@ class Adopting:
         self._known: collections.OrderedDict[tuple[int, ...], tuple[int, int, str]] = (
             collections.OrderedDict()
         )
-        # Rule-matched host owners that lead their process group: pgid -> (start, line).
+        # Rule-matched host owners that lead their process group: pgid -> (start, program).
         self._leaders: collections.OrderedDict[int, tuple[int, str]] = collections.OrderedDict()
         self._told: collections.OrderedDict[str, None] = collections.OrderedDict()
 
@@ -198,7 +198,9 @@ class Adopting:
         """Remember a rule-matched host owner that leads its process group: what is left in
         the group once it died is its orphans (_orphan)."""
         with self._lock:
-            self._leaders[owner.pid] = (owner.start, owner.line[:NAME_MAX])
+            # Its program alone: an answer or a log line carries none of its arguments.
+            program = os.path.basename(owner.line.split(" ", 1)[0])[:NAME_MAX]
+            self._leaders[owner.pid] = (owner.start, program)
             self._leaders.move_to_end(owner.pid)
             if len(self._leaders) > LEADERS:
                 self._leaders.popitem(last=False)

@@ -176,7 +176,8 @@ def runner_in_container(name: str, mount_from: str) -> dict:
     sandbox = f"{name}-sandbox"
     sh(f"docker rm -f {name} {sandbox} >/dev/null 2>&1 || true")
     sh(
-        f"docker run -d --name {name} -v {mount_from}:/var/run/docker.sock {RUNNER_IMAGE} "
+        f"docker run -d --name {name} --label exitwatch.adopt=owner "
+        f"-v {mount_from}:/var/run/docker.sock {RUNNER_IMAGE} "
         f"sh -c 'docker run -d --name {sandbox} {IMAGE} sleep 100000 && exec sleep 100000'"
     )
     within(

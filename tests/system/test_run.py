@@ -244,11 +244,14 @@ def test_ctrl_c_in_a_terminal_is_as_without_the_wrapper(bases) -> None:
 
 # -- what CMD leaves ---------------------------------------------------------------------------
 
+# CMD waits for both leftovers to have said their pids. A missing file counts as none:
+# `wc -l < FILE` of a file not made yet failed the test (`[ "" -lt 2 ]` is false, so CMD
+# ended before the leftovers had written, and the wrapper's cleanup ended them first).
 LEFTOVERS = r"""
 setsid sh -c 'trap "echo termed >> $1; exit 0" TERM; echo $$ >> $2
                while :; do sleep 0.05; done' sh "$1" "$2" &
 setsid sh -c 'trap "" TERM; echo $$ >> $2; exec sleep 1000' sh "$1" "$2" &
-while [ "$(wc -l < "$2")" -lt 2 ]; do sleep 0.05; done
+while [ "$(cat "$2" 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.05; done
 """
 
 

@@ -117,8 +117,14 @@ start() {
 }
 
 stop() {
-    local dir=$1 pid containerd
+    local dir=$1 pid containerd nets net
     pid=$(running_pid "$dir") || { rm -f "$dir/dockerd.pid"; return 0; }
+    # Its networks' bridges outlive the engine in the host's namespace, and every engine on
+    # the host picks its subnets from the same default pools: after a few suites, network
+    # creates failed with "could not find an available, non-overlapping IPv4 address pool".
+    # Named now, removed once it is gone (best effort: a wedged engine names none).
+    nets=$(timeout 5 docker -H "$(cat "$dir/host" 2>/dev/null)" network ls -q --no-trunc \
+        --filter driver=bridge 2>/dev/null) || nets=
     kill -TERM "$pid" 2>/dev/null || true
     if ! wait_gone "$pid" "$STOP_DEADLINE"; then
         echo "engine.sh: dockerd $pid ignored SIGTERM for ${STOP_DEADLINE}s; sending SIGKILL" >&2
@@ -129,6 +135,9 @@ stop() {
         wait_gone "$pid" 10 || die "dockerd $pid survived SIGKILL"
     fi
     rm -f "$dir/dockerd.pid"
+    for net in $nets; do
+        ip link delete "br-${net:0:12}" 2>/dev/null || true
+    done
 }
 
 purge() {

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,7 +22,7 @@ from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME
 
 from support import tools
 from support.adopt import adopting, init_owner, owned, runner_argv
-from support.agentproc import GONE_DEADLINE, Agent, Agents
+from support.agentproc import GONE_DEADLINE
 from support.procs import wait_for
 
 RULE = "*exitwatch-rule-*"
@@ -43,17 +42,6 @@ docker run -d --name $p-b -v $p-named:/w {image} >/dev/null
 trap 'exit 0' TERM
 sleep 1000000 & wait
 """
-
-
-@pytest.fixture
-def agent(engine, tmp_path) -> Iterator[Agent]:
-    root = tmp_path / "root"
-    root.mkdir()
-    agents = Agents(engine.host, root, tmp_path)
-    try:
-        yield agents.start()
-    finally:
-        agents.stop()
 
 
 @pytest.fixture

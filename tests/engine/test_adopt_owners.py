@@ -12,31 +12,17 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME
 
 from support.adopt import adopting, init_owner, owned, runner_argv
-from support.agentproc import GONE_DEADLINE, Agent, Agents
+from support.agentproc import GONE_DEADLINE
 from support.procs import wait_for
 
 RULE = "*exitwatch-rule-*"
 # Longer than the agent takes to remove a dead owner's containers (test_adopt.py's
 # KILLED_GONE is 1 s; the reproductions saw them go in 3 and 4 s).
 OUTLIVES = 6.0
-
-
-@pytest.fixture
-def agent(engine, tmp_path) -> Iterator[Agent]:
-    root = tmp_path / "root"
-    root.mkdir()
-    agents = Agents(engine.host, root, tmp_path)
-    try:
-        yield agents.start()
-    finally:
-        agents.stop()
 
 
 def _labels(engine, name: str) -> dict[str, str]:

@@ -13,15 +13,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from exitwatch.contract import LABEL_OWNER
 
 from support.adopt import adopting, init_owner, owned, runner_argv
-from support.agentproc import GONE_DEADLINE, Agent, Agents
+from support.agentproc import GONE_DEADLINE
 from support.procs import wait_for
 from support.wrapper import RUN, env_for, run
 
@@ -37,17 +34,6 @@ docker network create --label exitwatch.owner= $P-n >/dev/null
 docker volume create --label exitwatch.owner=not-an-owner $P-v >/dev/null
 echo made
 """
-
-
-@pytest.fixture
-def agent(engine, tmp_path) -> Iterator[Agent]:
-    root = tmp_path / "root"
-    root.mkdir()
-    agents = Agents(engine.host, root, tmp_path)
-    try:
-        yield agents.start()
-    finally:
-        agents.stop()
 
 
 def _env(engine, **extra: str) -> dict[str, str]:

@@ -4,6 +4,7 @@ engine and kernel."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -81,22 +82,33 @@ def test_agent_dry_run_reports_and_removes_nothing(engine, run_agent, workroot):
 # -- systemd --------------------------------------------------------------------------------
 
 
-def test_sd_notify_stopping_on_sigterm(run_agent):
+@contextlib.contextmanager
+def _notify_socket() -> Iterator[socket.socket]:
+    """A socket bound where NOTIFY_SOCKET will point, as systemd's is, for 30 s reads."""
     path = tempfile.mktemp(prefix="exitwatch-notify-")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(path)
         sock.settimeout(30)
         try:
-            agent = run_agent(env={"NOTIFY_SOCKET": path}, ready=False)
-            seen: list[str] = []
-            while "READY=1" not in seen:
-                seen += sock.recv(4096).decode().splitlines()
-            agent.proc.send_signal(signal.SIGTERM)
-            while "STOPPING=1" not in seen:
-                seen += sock.recv(4096).decode().splitlines()
-            assert agent.proc.wait(timeout=30) == 0
+            yield sock
         finally:
             os.unlink(path)
+
+
+def _until(sock: socket.socket, seen: list[str], message: str) -> None:
+    """Read notifications into `seen` until `message` is among them."""
+    while message not in seen:
+        seen += sock.recv(4096).decode().splitlines()
+
+
+def test_sd_notify_stopping_on_sigterm(run_agent):
+    with _notify_socket() as sock:
+        agent = run_agent(env={"NOTIFY_SOCKET": sock.getsockname()}, ready=False)
+        seen: list[str] = []
+        _until(sock, seen, "READY=1")
+        agent.proc.send_signal(signal.SIGTERM)
+        _until(sock, seen, "STOPPING=1")
+        assert agent.proc.wait(timeout=30) == 0
     assert seen.index("READY=1") < seen.index("STOPPING=1")
 
 
@@ -104,30 +116,21 @@ def test_sighup_tells_systemd_reloading_then_ready_never_stopping(run_agent):
     """A reload keeps the process: systemd hears RELOADING=1 (with the time it began) and
     then READY=1. STOPPING=1 there made systemd take the reload for a stop it had not asked,
     and SIGKILL the agent 10 s later (TimeoutStopSec=); SIGTERM still says STOPPING=1."""
-    path = tempfile.mktemp(prefix="exitwatch-notify-")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.bind(path)
-        sock.settimeout(30)
-        try:
-            agent = run_agent(env={"NOTIFY_SOCKET": path}, ready=False)
-            seen: list[str] = []
-            while "READY=1" not in seen:
-                seen += sock.recv(4096).decode().splitlines()
-            for _ in range(2):  # a reload, and another on the reloaded run
-                del seen[:]
-                agent.proc.send_signal(signal.SIGHUP)
-                while "READY=1" not in seen:
-                    seen += sock.recv(4096).decode().splitlines()
-                assert seen[0] == "RELOADING=1" and "STOPPING=1" not in seen, seen
-                usec = int(next(m for m in seen if m.startswith("MONOTONIC_USEC=")).split("=")[1])
-                assert 0 < time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - usec < 30e6
-                assert agent.proc.poll() is None
-            agent.proc.send_signal(signal.SIGTERM)
-            while "STOPPING=1" not in seen:
-                seen += sock.recv(4096).decode().splitlines()
-            assert agent.proc.wait(timeout=30) == 0
-        finally:
-            os.unlink(path)
+    with _notify_socket() as sock:
+        agent = run_agent(env={"NOTIFY_SOCKET": sock.getsockname()}, ready=False)
+        seen: list[str] = []
+        _until(sock, seen, "READY=1")
+        for _ in range(2):  # a reload, and another on the reloaded run
+            del seen[:]
+            agent.proc.send_signal(signal.SIGHUP)
+            _until(sock, seen, "READY=1")
+            assert seen[0] == "RELOADING=1" and "STOPPING=1" not in seen, seen
+            usec = int(next(m for m in seen if m.startswith("MONOTONIC_USEC=")).split("=")[1])
+            assert 0 < time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - usec < 30e6
+            assert agent.proc.poll() is None
+        agent.proc.send_signal(signal.SIGTERM)
+        _until(sock, seen, "STOPPING=1")
+        assert agent.proc.wait(timeout=30) == 0
 
 
 # -- SIGTERM with a removal in flight -------------------------------------------------------

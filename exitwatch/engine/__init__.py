@@ -3,7 +3,9 @@ engine it names, and how to speak its HTTP API. Several engines at once are seve
 clients: nothing here is a module-level singleton.
 
 url.py reads an engine URL (which schemes, the default, DOCKER_HOST) into an Endpoint,
-which connects; errors.py is what an engine's refusal is; http.py speaks HTTP/1.1 over a
+which connects (a found one only while its socket is plainly its user's); host.py finds
+the engines a host runs where their programs put them (root's podman, users' rootless
+Docker and podman); errors.py is what an engine's refusal is; http.py speaks HTTP/1.1 over a
 connection with http.client (requests and streams), client.py the calls the docker kind
 makes through it; oneshot.py a single bounded request with h11, for the labelling proxy,
 whose start must not pay for http.client; api.py the narrow interfaces those clients

@@ -20,6 +20,9 @@ from exitwatch.engine.url import Endpoint
 # Read size for the container listing: some twenty containers' worth at a time, so its
 # decoding never holds much more than one chunk and the item being built.
 LISTING_CHUNK = 64 * 1024
+# The longest entry of a listing taken (one container, with its labels): an engine that is
+# not root's may send anything (http.py's bounds).
+MAX_ENTRY = 1 << 20
 # What the engine, or the connection to it, can raise (ValueError: an answer that is not
 # the JSON it should be).
 ENGINE_ERRORS = (EngineRefused, http.client.HTTPException, OSError, ValueError)
@@ -180,6 +183,10 @@ def json_array(chunks: Iterable[bytes]) -> Iterator[dict[str, Any]]:
             try:
                 item, pos = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError:
+                if len(buf) - pos > MAX_ENTRY:
+                    raise ValueError(
+                        f"the listing holds an entry over {MAX_ENTRY >> 20} MiB"
+                    ) from None
                 break  # not whole yet
             yield item
         buf = buf[pos:]

@@ -22,6 +22,13 @@ from typing import Any
 from exitwatch.engine.errors import refusal
 from exitwatch.engine.url import Endpoint
 
+# Bounds on what an engine may send, for an engine is not always root's: a user's rootless
+# engine answers what its user wants, and no answer of it may take the agent's memory.
+# Far above what a real one sends (a listing of 10,000 networks is some 10 MB; an event, a
+# few kB with a container's labels).
+MAX_ANSWER = 64 << 20  # bytes of one answer read whole
+MAX_LINE = 1 << 20  # bytes of one line of a stream (an event)
+
 
 class _Connection(http.client.HTTPConnection):
     """http.client's connection, over whatever the endpoint connects (url.py)."""
@@ -69,7 +76,7 @@ def _send(
         except http.client.HTTPException as err:
             raise OSError(f"the engine did not answer in HTTP: {err!r}") from None
         if not 200 <= answer.status < 300:
-            raise refusal(answer.status, answer.reason, _cut_short(answer.read))
+            raise refusal(answer.status, answer.reason, _bounded(answer))
     except BaseException:
         _release(conn, answer)
         raise
@@ -80,9 +87,22 @@ def request(endpoint: Endpoint, method: str, url: str, timeout: float) -> bytes:
     """The whole body of one call's 2xx answer. Raises as _send does."""
     conn, answer = _send(endpoint, method, url, timeout)
     try:
-        return _cut_short(answer.read)
+        return _bounded(answer)
     finally:
         _release(conn, answer)
+
+
+def _bounded(answer: http.client.HTTPResponse) -> bytes:
+    """The whole body, if it is at most MAX_ANSWER bytes. Raises OSError."""
+    over = OSError(f"the engine's answer is over {MAX_ANSWER >> 20} MiB: not read")
+    if answer.length is not None:  # a Content-Length: a short body raises when read whole
+        if answer.length > MAX_ANSWER:
+            raise over
+        return _cut_short(answer.read)
+    body = _cut_short(lambda: answer.read(MAX_ANSWER + 1))  # chunked
+    if len(body) > MAX_ANSWER:
+        raise over
+    return body
 
 
 class Stream:
@@ -107,8 +127,11 @@ class Stream:
             yield piece
 
     def objects(self) -> Iterator[Any]:
-        """One JSON document per line (the engine ends each event with a newline)."""
-        while line := self._read(self._answer.readline):
+        """One JSON document per line (the engine ends each event with a newline), each
+        at most MAX_LINE bytes: a longer one raises OSError."""
+        while line := self._read(lambda: self._answer.readline(MAX_LINE + 1)):
+            if len(line) > MAX_LINE:
+                raise OSError(f"a line of the engine's stream is over {MAX_LINE >> 20} MiB")
             if line.strip():
                 yield json.loads(line)
 

@@ -12,8 +12,10 @@ The rules, decided here alone:
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -44,10 +46,23 @@ class EndpointError(ValueError):
 @dataclass(frozen=True)
 class Endpoint:
     """One engine: `url` as it was given (what status and messages show), and where it
-    listens. Nothing outside this package needs to know that it is a socket file."""
+    listens. Nothing outside this package needs to know that it is a socket file.
+
+    `owner`: set for an engine found on the host rather than given by root (a user's
+    rootless engine under /run/user/UID): the uid its socket must belong to. Such a socket
+    is reached without following any symlink, through directories that none but root and
+    that user may change, and only while it is a socket of that user; else connect()
+    refuses. A user may point a symlink at any socket, root's engine's included, and have
+    the agent act there on the user's word."""
 
     url: str
     _path: str
+    owner: int | None = None
+
+    @classmethod
+    def owned(cls, path: str, uid: int) -> Endpoint:
+        """The engine whose socket is `path` (absolute), reached only as `uid`'s."""
+        return cls(served(path), path, uid)
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
@@ -68,20 +83,82 @@ class Endpoint:
 
     def connect(self, timeout: float | None) -> socket.socket:
         """A new connection to the engine, with `timeout` on each of its operations (None:
-        none). Raises OSError when nothing listens there."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        none). Raises OSError when nothing listens there, NotOwned for a found engine's
+        socket that is not plainly its user's."""
+        if self.owner is None:
+            return _connect(self._path, timeout)
+        held = _open_owned(self._path, self.owner)
         try:
-            sock.settimeout(timeout)
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        return sock
+            # The checked inode itself, whatever its path names by now.
+            return _connect(f"/proc/self/fd/{held}", timeout)
+        finally:
+            os.close(held)
+
+    def identity(self) -> tuple[int, int]:
+        """(device, inode) of the socket: two URLs of one engine (a symlink given by root,
+        /var/run for /run) have one. Raises OSError."""
+        st = os.stat(self._path) if self.owner is None else os.lstat(self._path)
+        return st.st_dev, st.st_ino
 
     def stat(self) -> os.stat_result:
         """The engine's socket file: its owner, group and mode are who may speak to the
         engine (`exitwatch adopt` gives its own socket the same). Raises OSError."""
         return os.stat(self._path)
+
+
+def _connect(path: str, timeout: float | None) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class NotOwned(PermissionError):
+    """A found engine's socket that is not plainly its user's: not followed."""
+
+
+def _open_owned(path: str, uid: int) -> int:
+    """An O_PATH descriptor of the socket at `path`, checked: no component a symlink, every
+    directory root's and not writable by others, or `uid`'s; the socket `uid`'s. Raises
+    NotOwned, or OSError (ENOENT: not there now)."""
+    parts = [p for p in path.split("/") if p]
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
+            try:
+                nxt = os.open(part, flags, dir_fd=fd)
+            except OSError as err:
+                if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotOwned(
+                        err.errno, f"{path}: a symlink or not a directory on the way, not followed"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nxt
+            st = os.fstat(fd)
+            if last:
+                if stat.S_ISLNK(st.st_mode) or not stat.S_ISSOCK(st.st_mode):
+                    raise NotOwned(errno.EPERM, f"{path} is not a socket, not followed")
+                if st.st_uid != uid:
+                    raise NotOwned(
+                        errno.EPERM, f"{path} belongs to uid {st.st_uid}, not {uid}: not followed"
+                    )
+            elif st.st_uid not in (0, uid) or (st.st_uid == 0 and st.st_mode & 0o022):
+                raise NotOwned(
+                    errno.EPERM,
+                    f"{path}: directory /{'/'.join(parts[: i + 1])} may be changed by others "
+                    f"than root and uid {uid}: not followed",
+                )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def valid(url: str) -> bool:

@@ -53,6 +53,19 @@ _depth = _option(
 _docker_host = _option(
     "--docker-host", metavar="URL", help="Docker engine URL (default: DOCKER_HOST, or the socket)."
 )
+_engines = click.option(
+    "--engine",
+    "engines",
+    multiple=True,
+    metavar="URL",
+    help="Follow this engine (repeatable; in place of --docker-host).",
+)
+_find_engines = click.option(
+    "--find-engines/--no-find-engines",
+    default=None,
+    help="Follow the engines found on the host too (root's podman, users' rootless engines) "
+    "[default: [containers] find_engines of the config].",
+)
 _dry_run = click.option(
     "--dry-run", is_flag=True, default=None, help="Log what would be removed; remove nothing."
 )
@@ -142,6 +155,8 @@ def cli() -> None:
 @_roots
 @_depth
 @_docker_host
+@_engines
+@_find_engines
 @_hook_dir
 @_status_socket
 @_audit_log
@@ -201,6 +216,8 @@ def agent(config_path: str | None, **flags: object) -> None:
 @_roots
 @_depth
 @_docker_host
+@_engines
+@_find_engines
 @_hook_dir
 @_audit_log
 def reap(config_path: str | None, **flags: object) -> None:

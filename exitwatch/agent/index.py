@@ -90,16 +90,21 @@ class Index:
         return list(held.values())
 
     def replace_kind(
-        self, kind: str, resources: tuple[Resource, ...]
+        self, kind: str, resources: tuple[Resource, ...], scopes: tuple[str, ...] | None = None
     ) -> tuple[set[Owner], set[Owner]]:
-        """Make `resources` the whole truth about `kind`.
+        """Make `resources` the whole truth about `kind`, or about the keys of `kind` that
+        begin with one of `scopes` (Snapshot.scopes).
 
         Returns (owners new to the index, owners that now hold nothing).
         """
         before = set(self._held)
         if self.counts[kind]:  # none to drop at start-up, and the set is 100,000 long
             fresh = {(r.kind, r.key) for r in resources}
-            for key in [k for k in self._owner_of if k[0] == kind and k not in fresh]:
+            for key in [
+                k
+                for k in self._owner_of
+                if k[0] == kind and k not in fresh and (scopes is None or k[1].startswith(scopes))
+            ]:
                 self.discard(*key)
         for res in resources:
             self.add(res)

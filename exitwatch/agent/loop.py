@@ -242,10 +242,10 @@ class Agent:
                 emptied = self.index.discard(kind, key)
                 if emptied is not None:
                     self._unwatch(emptied)
-            case Snapshot(kind=kind, resources=resources):
-                self._removals.forget_missing(kind, (r.key for r in resources))
-                self._periodic.replaced(kind)
-                added, left = self.index.replace_kind(kind, resources)
+            case Snapshot(kind=kind, resources=resources, scopes=scopes):
+                self._removals.forget_missing(kind, (r.key for r in resources), item.covers)
+                self._periodic.replaced(kind, scopes)
+                added, left = self.index.replace_kind(kind, resources, scopes)
                 for owner in left:
                     self._unwatch(owner)
                 for owner in added:
@@ -288,9 +288,10 @@ class Agent:
                     self._handle(Found(res))
             listing = {r.key for r in snap.resources}
             for key in self.index.keys(snap.kind) - listing:
-                self._handle(Gone(snap.kind, key))
+                if snap.covers(key):
+                    self._handle(Gone(snap.kind, key))
             # What was given up and is gone now left the index, so no Gone comes for it.
-            self._removals.forget_missing(snap.kind, listing)
+            self._removals.forget_missing(snap.kind, listing, snap.covers)
         # Every owner is judged again, not only those the listings brought: one whose
         # judgement was lost on any path would otherwise be held for good. One /proc read
         # each.

@@ -67,9 +67,9 @@ class Periodic:
         self._run = 0
         self._scanning: int | None = None  # the run under way
         # While a scan is under way: (kind, key) -> the newest Resource, or None once gone;
-        # and the kinds a watcher's own Snapshot has superseded.
+        # and what a watcher's own Snapshot has superseded: kind -> the scopes (None: all).
         self._journal: dict[tuple[str, str], Resource | None] = {}
-        self._superseded: set[str] = set()
+        self._superseded: dict[str, set[str] | None] = {}
         self.last: Last | None = None
 
     def start(self, submit: Callable[[object], None]) -> None:
@@ -100,7 +100,7 @@ class Periodic:
             return
         self._run += 1
         self._scanning = self._run
-        self._journal, self._superseded = {}, set()
+        self._journal, self._superseded = {}, {}
         threading.Thread(
             target=self._scan,
             args=(self._run, self._submit),
@@ -124,10 +124,17 @@ class Periodic:
         if self._scanning is not None:
             self._journal[(kind, key)] = res
 
-    def replaced(self, kind: str) -> None:
-        """A watcher's own Snapshot of `kind` is newer than the scan's."""
-        if self._scanning is not None:
-            self._superseded.add(kind)
+    def replaced(self, kind: str, scopes: tuple[str, ...] | None = None) -> None:
+        """A watcher's own Snapshot of `kind` (of its `scopes`, Snapshot.scopes) is newer
+        than the scan's."""
+        if self._scanning is None:
+            return
+        if scopes is None:
+            self._superseded[kind] = None
+        else:
+            done = self._superseded.setdefault(kind, set())
+            if done is not None:
+                done.update(scopes)
 
     def merge(self, scanned: Scanned) -> list[Snapshot]:
         """The scan's listings with the newer changes laid over them; ends the run."""
@@ -135,8 +142,9 @@ class Periodic:
         if self.interval > 0:
             self._next = time.monotonic() + self.interval
         out = []
-        for snap in scanned.snapshots:
-            if snap.kind in self._superseded:
+        for listed in scanned.snapshots:
+            snap = _unsuperseded(listed, self._superseded)
+            if snap is None:
                 continue
             held = {r.key: r for r in snap.resources}
             for (kind, key), res in self._journal.items():
@@ -146,8 +154,8 @@ class Periodic:
                     held.pop(key, None)
                 else:
                     held[key] = res
-            out.append(Snapshot(snap.kind, tuple(held.values())))
-        self._journal, self._superseded = {}, set()
+            out.append(Snapshot(snap.kind, tuple(held.values()), scopes=snap.scopes))
+        self._journal, self._superseded = {}, {}
         return out
 
     def finished(
@@ -202,3 +210,19 @@ class Periodic:
         if self._next is None or self.interval <= 0:
             return None
         return max(0.0, self._next - now)
+
+
+def _unsuperseded(snap: Snapshot, superseded: dict[str, set[str] | None]) -> Snapshot | None:
+    """What of a scan's listing no watcher's own Snapshot has told since; None: nothing."""
+    if snap.kind not in superseded:
+        return snap
+    done = superseded[snap.kind]
+    if done is None:
+        return None
+    if snap.scopes is None:  # a whole kind's listing, part of which was told since
+        return None  # dropped whole, as the next reconcile lists it again
+    scopes = tuple(s for s in snap.scopes if s not in done)
+    if not scopes:
+        return None
+    kept = tuple(r for r in snap.resources if r.key.startswith(scopes))
+    return Snapshot(snap.kind, kept, snap.skipped, scopes)

@@ -166,12 +166,14 @@ class Removals:
         """A resource was seen again or went: it is no longer shown as given up."""
         self._given_up.pop(key, None)
 
-    def forget_missing(self, kind: str, present: Iterable[str]) -> None:
-        """What was given up of `kind` and is not among the keys `present` any more
-        (removed by hand, or by a retry of its whole job) is not shown as given up for ever.
-        `present` is read only when something of `kind` was given up: it may be a listing
-        of 100,000 workdirs."""
-        stale = [k for k in self._given_up if k[0] == kind]
+    def forget_missing(
+        self, kind: str, present: Iterable[str], covers: Callable[[str], bool] = lambda key: True
+    ) -> None:
+        """What was given up of `kind`, is within what a listing `covers` (Snapshot.covers)
+        and is not among the keys `present` any more (removed by hand, or by a retry of its
+        whole job) is not shown as given up for ever. `present` is read only when something
+        of `kind` was given up: it may be a listing of 100,000 workdirs."""
+        stale = [k for k in self._given_up if k[0] == kind and covers(k[1])]
         if stale:
             keys = set(present)
             for k in stale:

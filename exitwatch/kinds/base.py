@@ -42,11 +42,20 @@ class Gone:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The complete current set of one kind's resources (at start, after a reconnect)."""
+    """The complete current set of one kind's resources (at start, after a reconnect), or
+    of some scopes of it: a kind that lists from several places (the container kind, from
+    each engine) tells of each on its own, and what one place's listing leaves out proves
+    nothing about another's."""
 
     kind: str
     resources: tuple[Resource, ...]
     skipped: int = 0  # what the scan warned of, malformed or in doubt (the workdir kind)
+    # The key prefixes it is the whole truth of; None: the whole kind.
+    scopes: tuple[str, ...] | None = None
+
+    def covers(self, key: str) -> bool:
+        """Whether the resource keyed `key` is within what this listing is the truth of."""
+        return self.scopes is None or key.startswith(self.scopes)
 
 
 Change = Found | Gone | Snapshot
@@ -201,6 +210,9 @@ class Metric:
     help: str
     key: str  # the health() key: a number, or a bool that counts as 0 or 1
     counter: bool = False  # only ever grows (the name then ends in _total)
+    # One series per entry of a list in health() rather than one: (the list's key, the
+    # entry's key whose value labels the series, the label's name).
+    each: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

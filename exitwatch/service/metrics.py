@@ -287,12 +287,16 @@ class _StateCollector:
                 yield CounterMetricFamily(f"exitwatch_{key}", text, value=state.get(key, 0))
             health = state["health"].get(reg.kind, {})
             for metric in reg.metrics:
-                value = float(health.get(metric.key) or 0)
-                if metric.counter:
-                    name = metric.name.removesuffix("_total")
-                    yield CounterMetricFamily(name, metric.help, value=value)
-                else:
-                    yield GaugeMetricFamily(metric.name, metric.help, value=value)
+                family = CounterMetricFamily if metric.counter else GaugeMetricFamily
+                name = metric.name.removesuffix("_total") if metric.counter else metric.name
+                if metric.each is None:
+                    yield family(name, metric.help, value=float(health.get(metric.key) or 0))
+                    continue
+                entries, by, label = metric.each
+                series = family(name, metric.help, labels=[label])
+                for entry in health.get(entries) or ():
+                    series.add_metric([str(entry.get(by))], float(entry.get(metric.key) or 0))
+                yield series
         held = GaugeMetricFamily(
             "exitwatch_resources_watched", "Resources of live owners, by kind.", labels=["kind"]
         )

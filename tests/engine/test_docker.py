@@ -7,6 +7,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import docker.errors
@@ -77,12 +78,18 @@ def is_snapshot(change: Change) -> bool:
     return isinstance(change, Snapshot)
 
 
+def own(key: str) -> str:
+    """A resource key of the kind as its engine knows it: without the engine's scope
+    (kinds/docker/kind.py)."""
+    return key.rpartition("|")[2]
+
+
 def found(cid: str) -> Callable[[Change], bool]:
-    return lambda c: isinstance(c, Found) and c.resource.key == cid
+    return lambda c: isinstance(c, Found) and own(c.resource.key) == cid
 
 
 def gone(cid: str) -> Callable[[Change], bool]:
-    return lambda c: isinstance(c, Gone) and c.key == cid
+    return lambda c: isinstance(c, Gone) and own(c.key) == cid
 
 
 # -- scan ---------------------------------------------------------------------------------------
@@ -104,7 +111,7 @@ def test_scan_lists_labelled_containers_running_and_created(
         snap = kind.scan()
 
     assert snap.kind == "container"
-    assert {r.key: r for r in snap.resources} == {
+    assert {own(r.key): replace(r, key=own(r.key)) for r in snap.resources} == {
         running: Resource("container", running, owner, "ew-running", None),
         created: Resource("container", created, owner, "ew-created", None),
     }
@@ -118,7 +125,7 @@ def test_scan_names_the_compose_project_as_group(engine: PrivateEngine, kind: Co
     owner = killed_owner()
     cid = run(engine, labels={LABEL_OWNER: str(owner), LABEL_COMPOSE_PROJECT: "ewproj"})
     [r] = kind.scan().resources
-    assert (r.key, r.group) == (cid, "ewproj")
+    assert (own(r.key), r.group) == (cid, "ewproj")
 
 
 def test_ping_answers_none_when_the_engine_answers(engine: PrivateEngine, kind: Containers) -> None:
@@ -138,8 +145,8 @@ def test_start_sends_a_snapshot_then_found_and_gone(
 
     first = next_change(changes, lambda c: True)
     assert isinstance(first, Snapshot)
-    assert [r.key for r in first.resources] == [before]
-    wait_for(lambda: kind.connected, what="the kind to follow the events stream")
+    assert [own(r.key) for r in first.resources] == [before]
+    wait_for(lambda: kind.health()["connected"], what="the kind to follow the events stream")
 
     # Events arrive in order: had the kept or the malformed container been reported, that
     # would come before the Found of the one created after them.
@@ -148,8 +155,9 @@ def test_start_sends_a_snapshot_then_found_and_gone(
     later = run(engine, "--name=ew-later", labels={LABEL_OWNER: str(owner)})
     seen: list[Change] = []
     next_change(changes, lambda c: seen.append(c) or found(later)(c))
-    assert seen[-1] == Found(Resource("container", later, owner, "ew-later", None))
-    assert not [c for c in seen if isinstance(c, Found) and c.resource.key in (kept, bad)]
+    scope = f"{engine.socket}|"
+    assert seen[-1] == Found(Resource("container", scope + later, owner, "ew-later", None))
+    assert not [c for c in seen if isinstance(c, Found) and own(c.resource.key) in (kept, bad)]
 
     engine.docker("rm", "-f", later)
     next_change(changes, gone(later))
@@ -166,19 +174,22 @@ def test_engine_restart_reconnects_and_sends_a_fresh_snapshot(
     changes: queue.Queue[Change] = queue.Queue()
     kind.start(changes.put)
     next_change(changes, is_snapshot)
-    wait_for(lambda: kind.connected, what="the kind to follow the events stream")
-    assert kind.reconnects == 0
+    wait_for(lambda: kind.health()["connected"], what="the kind to follow the events stream")
+    assert kind.health()["reconnects"] == 0
 
     try:
         engine.stop()
-        wait_for(lambda: not kind.connected, what="the kind to notice the engine is gone")
-        assert kind.last_error
+        wait_for(
+            lambda: not kind.health()["connected"], what="the kind to notice the engine is gone"
+        )
+        assert kind.health()["last_error"]
     finally:
         engine.start()
 
     snap = next_change(changes, is_snapshot)
-    assert cid in {r.key for r in snap.resources}
-    wait_for(lambda: kind.connected and kind.reconnects == 1, what="the kind to reconnect")
+    assert cid in {own(r.key) for r in snap.resources}
+    health = kind.health
+    wait_for(lambda: health()["connected"] and health()["reconnects"] == 1, what="a reconnect")
     # And it follows events again.
     later = run(engine, labels={LABEL_OWNER: str(owner)})
     next_change(changes, found(later))
@@ -353,7 +364,8 @@ def racing_remove_network(
     """Make the first `times` network removals meet a running container on the network, as
     when the engine has not yet let go of the endpoints of containers just removed: the
     engine answers 403. The container goes after each refusal. (calls, containers started)"""
-    real, calls, strangers = kind._engine.remove_network, [], []
+    [(follower, _)] = kind.followers()
+    real, calls, strangers = follower._engine.remove_network, [], []
 
     def remove(nid: str) -> None:
         calls.append(nid)
@@ -365,7 +377,7 @@ def racing_remove_network(
         finally:
             engine.client.api.remove_container(strangers[-1], force=True)
 
-    kind._engine.remove_network = remove
+    follower._engine.remove_network = remove
     return calls, strangers
 
 

@@ -68,11 +68,10 @@ def test_status_of_a_running_agent(engine, run_agent, root):
     assert {"schema", "agent", "docker", "owners", "pending", "reaps", "counters"} <= set(doc)
     assert doc["agent"]["source"] == "netlink"
     assert doc["agent"]["source_reason"].startswith("netlink: self-test passed")
+    first = {"endpoint": engine.host, "connected": True, "reconnects": 0, "last_error": None}
     assert doc["docker"] == {
-        "endpoint": engine.host,
-        "connected": True,
-        "reconnects": 0,
-        "last_error": None,
+        **first,
+        "engines": [{**first, "how": "configured", "resources": 1}],
     }
     [mine] = [o for o in doc["owners"] if o["pid"] == owner.pid]
     assert mine["owner"] == str(owner.owner)
@@ -192,7 +191,8 @@ def test_metrics_after_a_reap(engine, run_agent, root):
         "engine_reconnects_total",
         "owners_watched",
         "resources_watched",
-        "engine_connected 1.0",
+        f'engine_connected{{engine="{engine.host}"}} 1.0',
+        f'engine_resources{{engine="{engine.host}"}} 0.0',
     ):
         assert f"exitwatch_{name}" in text, name
 

@@ -67,7 +67,7 @@ def test_a_dead_owners_volume_and_network_go_within_a_second_with_the_agent_runn
     def held() -> bool:
         mine = [o for o in agent.status()["owners"] if o["pid"] == owner.pid]
         return bool(mine) and (mine[0]["volumes"], [n["name"] for n in mine[0]["networks"]]) == (
-            [{"name": vol, "project": None}],
+            [{"name": vol, "project": None, "engine": engine.host}],
             [net],
         )
 

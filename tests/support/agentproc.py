@@ -26,7 +26,9 @@ from support.procs import wait_for
 # on the host, other sessions' tests' and a bench host's real runs included. An agent, a
 # scan or `exitwatch reap` of a test has it only if the test is about leftovers (and then
 # compares against the runs it made); a test's own config file starts with this.
-NO_LEFTOVERS = "kill_leftovers = false\n"
+# The engines found on the host are other tests' (rootless ones of their users): only a
+# test about finding them has it on.
+NO_LEFTOVERS = "kill_leftovers = false\nfind_engines = false\n"
 
 
 def quiet_config(directory: Path | str) -> str:
@@ -72,6 +74,10 @@ def agent_argv(
         argv += ["--workdir-root", str(root)]
     if "--hook-dir" not in extra:
         argv += ["--hook-dir", f"{state}/hooks"]
+    # The engines it would find are the host's (other tests' rootless ones): only a test
+    # about finding them asks for it.
+    if "--find-engines" not in extra:
+        argv.append("--no-find-engines")
     return [*argv, *extra]
 
 

@@ -31,6 +31,13 @@ from support.fakeengine import FakeEngine, refused
 from support.procs import killed_owner, wait_for
 
 URL = "unix:///run/fake-engine.sock"
+
+
+def at(key: str) -> str:
+    """A resource key of the engine at URL, as the kind scopes it (kinds/docker/kind.py)."""
+    return f"{URL.removeprefix('unix://')}|{key}"
+
+
 APP = "/srv/eval-1"
 
 
@@ -141,7 +148,7 @@ def test_keep_true_is_exempt_in_a_project_gone_whole(fake, kind, dead):
     net = fake.add_network("app_default", compose("app") | keep)
     kept = fake.add_container("app-web-1", owned(dead, "app") | keep, networks=(net,))
     gone = fake.add_container("app-db-1", owned(dead, "app"), networks=(net,))
-    assert [r.key for r in kind.scan().resources] == [gone]
+    assert [r.key for r in kind.scan().resources] == [at(gone)]
     reap(kind, dead)
     assert set(fake.containers_) == {kept} and net in fake.networks_
 
@@ -238,7 +245,7 @@ def test_an_engine_that_refuses_connections_is_named_and_proves_nothing(fake, ki
 def test_a_label_that_is_not_an_owner_is_skipped(fake, kind, dead):
     fake.add_container("bad", {LABEL_OWNER: "not-an-owner"})
     good = fake.add_container("good", owned(dead))
-    assert [(r.key, r.owner) for r in kind.scan().resources] == [(good, dead)]
+    assert [(r.key, r.owner) for r in kind.scan().resources] == [(at(good), dead)]
 
 
 # -- following the engine --------------------------------------------------------------------
@@ -248,22 +255,22 @@ def test_the_kind_follows_creates_and_destroys_and_says_when_the_engine_goes(fak
     first = fake.add_container("first", owned(dead))
     seen: list[object] = []
     kind.start(seen.append)
-    wait_for(lambda: kind.connected, what="the kind following the fake engine")
+    wait_for(lambda: kind.health()["connected"], what="the kind following the fake engine")
     (snap,) = seen
-    assert isinstance(snap, Snapshot) and [r.key for r in snap.resources] == [first]
+    assert isinstance(snap, Snapshot) and [r.key for r in snap.resources] == [at(first)]
     fake.add_container("unlabelled")  # not of the label: never told
     fake.add_volume("unlabelled")  # asked for its labels, and not told of either
     second = fake.add_container("second", owned(dead))
     fake.remove_container(first)
     wait_for(lambda: len(seen) == 3, what="a create and a destroy")
-    assert isinstance(seen[1], Found) and seen[1].resource.key == second
-    assert seen[2] == Gone("container", first)
+    assert isinstance(seen[1], Found) and seen[1].resource.key == at(second)
+    assert seen[2] == Gone("container", at(first))
     assert fake.called("volume") == ["unlabelled"]
     # The engine goes: the stream ends, and no reconnect is answered.
     fake.down = True
     fake.hang_up()
-    wait_for(lambda: not kind.connected, what="the kind to see the engine gone")
-    wait_for(lambda: kind.last_error == "Connection refused", what="why, in one line")
+    wait_for(lambda: not kind.health()["connected"], what="the kind to see the engine gone")
+    wait_for(lambda: kind.health()["last_error"] == "Connection refused", what="why, in one line")
 
 
 # -- the fake is the interface -----------------------------------------------------------------

@@ -21,6 +21,11 @@ from support.procs import killed_owner, wait_for
 URL = "unix:///run/fake-engine.sock"
 
 
+def at(key: str) -> str:
+    """A resource key of the engine at URL, as the kind scopes it (kinds/docker/kind.py)."""
+    return f"{URL.removeprefix('unix://')}|{key}"
+
+
 @pytest.fixture
 def fake() -> FakeEngine:
     return FakeEngine()
@@ -58,16 +63,16 @@ def test_labelled_volumes_and_networks_are_listed_as_resources_of_the_kind(fake,
     fake.add_volume("unlabelled")
     listed = {r.key: (r.owner, r.name, r.group) for r in kind.scan().resources}
     assert listed == {
-        f"volume:{vol}": (dead, "volume data", "app"),
-        f"network:{net}": (dead, "network net", None),
+        at(f"volume:{vol}"): (dead, "volume data", "app"),
+        at(f"network:{net}"): (dead, "network net", None),
     }
 
 
 def test_the_kind_follows_their_creates_and_destroys(fake, kind, dead):
     seen: list[object] = []
     kind.start(seen.append)
-    wait_for(lambda: kind.connected, what="the kind following the fake engine")
-    assert seen == [Snapshot("container", ())]
+    wait_for(lambda: kind.health()["connected"], what="the kind following the fake engine")
+    assert seen == [Snapshot("container", (), scopes=(at(""),))]
     fake.add_volume("scratch")  # unlabelled: asked for its labels, never told
     vol = fake.add_volume("data", owned(dead))
     net = fake.add_network("net", owned(dead))
@@ -78,12 +83,12 @@ def test_the_kind_follows_their_creates_and_destroys(fake, kind, dead):
     fake.remove_volume("scratch")
     wait_for(lambda: len(seen) == 6, what="three destroys")
     assert [type(c) for c in seen[1:3]] == [Found, Found]
-    assert [c.resource.key for c in seen[1:3]] == [f"volume:{vol}", f"network:{net}"]
+    assert [c.resource.key for c in seen[1:3]] == [at(f"volume:{vol}"), at(f"network:{net}")]
     # A destroy says no labels: every one is told, and the agent drops those it does not hold.
     assert seen[3:] == [
-        Gone("container", f"volume:{vol}"),
-        Gone("container", f"network:{net}"),
-        Gone("container", "volume:scratch"),
+        Gone("container", at(f"volume:{vol}")),
+        Gone("container", at(f"network:{net}")),
+        Gone("container", at("volume:scratch")),
     ]
     assert fake.called("volume") == ["scratch", vol]
 
@@ -93,7 +98,7 @@ def test_a_dead_owner_with_only_a_volume_and_a_network_left_loses_them(fake, kin
     fake.add_network("net", owned(dead))
     said = reap(kind, dead)
     assert said["volume data"].detail == said["network net"].detail == "removed"
-    assert said["volume data"].key == "volume:data"
+    assert said["volume data"].key == at("volume:data")
     assert not fake.volumes_ and not fake.networks_
 
 
@@ -122,7 +127,7 @@ def test_a_volume_in_use_by_another_owners_container_stays_and_is_tried_again(fa
     said = reap(kind, dead)
     assert not said["volume shared"].ok and not said["volume shared"].refused
     assert said["volume shared"].detail == "in use by containers: other-1"
-    assert said["volume shared"].key == "volume:shared"  # the agent retries that one
+    assert said["volume shared"].key == at("volume:shared")  # the agent retries that one
     fake.remove_container(user)
     assert reap(kind, dead)["volume shared"].detail == "removed"
 
@@ -155,9 +160,9 @@ def test_status_shows_them_under_keys_of_their_own(fake, kind, dead):
     cid = fake.add_container("c", owned(dead))
     entries = docker.REGISTRATION.entries(list(kind.scan().resources))
     assert entries == {
-        "containers": [{"id": cid, "name": "c", "project": None}],
-        "networks": [{"id": net, "name": "net", "project": None}],
-        "volumes": [{"name": "data", "project": "app"}],
+        "containers": [{"id": cid, "name": "c", "project": None, "engine": URL}],
+        "networks": [{"id": net, "name": "net", "project": None, "engine": URL}],
+        "volumes": [{"name": "data", "project": "app", "engine": URL}],
     }
     assert docker.REGISTRATION.lines(entries)[1:] == [
         "    network net",

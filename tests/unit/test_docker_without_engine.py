@@ -41,8 +41,8 @@ def test_without_an_engine_ping_says_so_and_scan_raises(tmp_path: Path) -> None:
 def test_stop_ends_the_thread_even_without_an_engine(tmp_path: Path) -> None:
     nowhere = Containers(f"unix://{tmp_path}/docker.sock")
     nowhere.start(lambda change: None)
-    wait_for(lambda: nowhere.last_error, what="a failed connection")
-    assert not nowhere.connected
+    wait_for(lambda: nowhere.health()["last_error"], what="a failed connection")
+    assert not nowhere.health()["connected"]
     nowhere.stop()
     assert "exitwatch-docker-events" not in {t.name for t in threading.enumerate()}
 

@@ -1,19 +1,27 @@
-"""Containers labelled with an owner: label-filtered listing, the events stream, and removal
-that takes a compose project as a whole."""
+"""Containers labelled with an owner, on every engine followed: those the settings name, and
+(unless told not to) those found on the host as they appear (engine/host.py): root's
+podman, each user's rootless Docker and podman. Each engine has a Follower of its own
+(follower.py): its own thread, client and bound on requests, so that a slow, stalled or
+lying engine holds up no other's listings or removals. This module routes between them.
+
+An engine's resources are keyed with its scope (its socket's path and "|") in front of the
+key its follower knows, so that two engines' volume "data" are two resources, and a
+listing of one engine is the whole truth of that engine alone (Snapshot.scopes): what it
+leaves out says nothing of another engine. A follower never sees a scope.
+"""
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import logging
 import threading
-import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypedDict
 
-from exitwatch.contract import LABEL_OWNER, kept
 from exitwatch.engine import api
-from exitwatch.engine.client import ENGINE_ERRORS, Client
-from exitwatch.engine.errors import NotFound, describe
+from exitwatch.engine.client import Client
+from exitwatch.engine.host import Found as FoundEngine
+from exitwatch.engine.host import find as find_engines
 from exitwatch.engine.url import Endpoint, chosen
 from exitwatch.kinds.base import (
     Change,
@@ -27,64 +35,98 @@ from exitwatch.kinds.base import (
     Unavailable,
 )
 from exitwatch.kinds.discovery import Discovery, stopped, wait
-from exitwatch.kinds.docker import compose, networks, projects
-from exitwatch.kinds.docker.attempts import EngineError, attempt, name_of
-from exitwatch.kinds.docker.labels import (
-    CONTAINER,
-    NETWORK,
-    VOLUME,
-    key_of,
-    other_of,
-    resource_of,
-    split,
-)
+from exitwatch.kinds.docker.attempts import EngineError
+from exitwatch.kinds.docker.follower import CONCURRENCY, TIMEOUT, EngineHealth, Follower
+from exitwatch.kinds.docker.labels import KIND
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
 
-KIND = "container"
-# What the events stream follows: the kind's three types of resource.
-TYPES = (CONTAINER, VOLUME, NETWORK)
+__all__ = ["CONCURRENCY", "KIND", "Containers", "DockerHealth"]
 
-TIMEOUT = 15.0  # seconds, for every engine call but the events stream
-# Engine calls of removals at once (Config.engine_concurrency), over every removal job of
-# the process; docs/benchmarks.md has the figures.
-CONCURRENCY = 16
-BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events stream
-# The engine answers an events request before it subscribes, so a subscription asks for a
-# replay from just before it was requested. The engine is local: its clock is ours.
-SINCE_MARGIN_NS = 100_000_000
+FIND_EVERY = 2.0  # seconds between looks for engines that appeared on the host
+# Engines followed at most: each has a thread and a pool. A host has one runtime directory
+# per logged-in user, and two engines' places in each.
+MAX_ENGINES = 64
+SCAN_DEADLINE = 120.0  # seconds a reconcile waits for every engine's listing
+CONFIGURED = "configured"
 
 
-_container = projects.container
+class EngineEntry(EngineHealth, total=False):
+    """An engine in the status document: its health, how it was found, and how many
+    labelled containers, networks and volumes it holds that the agent knows of."""
+
+    how: str
+    resources: int
 
 
-def _snapshot(engine: api.Engine) -> Snapshot:
-    """Every labelled container, network and volume now, as resources of the kind."""
-    listed = engine.each_container(LABEL_OWNER)
-    found = [resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed]
-    found += [other_of(KIND, NETWORK, n) for n in engine.networks(LABEL_OWNER)]
-    found += [other_of(KIND, VOLUME, v) for v in engine.volumes(LABEL_OWNER)]
-    return Snapshot(KIND, tuple(r for r in found if r is not None))
+class DockerHealth(EngineHealth, total=False):
+    """The status document's `docker` entry: the first engine's health at its top (what it
+    showed when there was one engine), and every engine's under `engines`."""
+
+    engines: list[EngineEntry]
 
 
-class DockerHealth(TypedDict, total=False):
-    """The status document's `docker` entry: all four from a running agent, the first two
-    (and last_error when it failed) from a one-shot scan."""
+def _scope(endpoint: Endpoint) -> str:
+    return f"{endpoint.where}|"
 
-    endpoint: str
-    connected: bool
-    reconnects: int
-    last_error: str | None
+
+class _Engine:
+    """A Follower, how it was found, and what it told, keyed with its scope."""
+
+    def __init__(self, follower: Follower, how: str) -> None:
+        self.follower, self.how = follower, how
+        self.scope = _scope(follower.endpoint)
+        self.told: set[str] = set()  # scoped keys it reported and has not reported gone
+        self.lock = threading.Lock()
+
+    def scoped(self, res: Resource) -> Resource:
+        return dataclasses.replace(res, key=self.scope + res.key)
+
+    def unscoped(self, res: Resource) -> Resource:
+        return dataclasses.replace(res, key=res.key.removeprefix(self.scope))
+
+    def outcome(self, out: Outcome) -> Outcome:
+        key = self.scope + out.key if out.key else ""
+        return dataclasses.replace(out, key=key, extra={**out.extra, "engine": self.url})
+
+    @property
+    def url(self) -> str:
+        return self.follower.host
+
+    def snapshot(self, snap: Snapshot) -> Snapshot:
+        resources = tuple(self.scoped(r) for r in snap.resources)
+        return Snapshot(snap.kind, resources, snap.skipped, (self.scope,))
+
+    def notify(self, notify: Notify) -> Notify:
+        """`notify` as this engine's follower tells it: scoped, and counted."""
+
+        def told(change: Change) -> None:
+            if isinstance(change, Found):
+                change = Found(self.scoped(change.resource))
+                with self.lock:
+                    self.told.add(change.resource.key)
+            elif isinstance(change, Gone):
+                change = Gone(change.kind, self.scope + change.key)
+                with self.lock:
+                    self.told.discard(change.key)
+            else:
+                change = self.snapshot(change)
+                with self.lock:
+                    self.told = {r.key for r in change.resources}
+            notify(change)
+
+        return told
+
+    def entry(self, health: EngineHealth) -> EngineEntry:
+        with self.lock:
+            held = len(self.told)
+        return {**health, "how": self.how, "resources": held}
 
 
 class Containers(ResourceKind):
-    """Containers labelled `exitwatch.owner`; those labelled `exitwatch.keep=true` are exempt.
-
-    Health for status, written by the watching thread: `connected` (following the events
-    stream now), `reconnects` (times it was followed again after being lost) and `last_error`
-    (why it was last lost, or None).
-    """
+    """Containers, networks and volumes labelled `exitwatch.owner` on every engine followed;
+    those labelled `exitwatch.keep=true` are exempt."""
 
     kind = KIND
 
@@ -94,259 +136,224 @@ class Containers(ResourceKind):
         timeout: float = TIMEOUT,
         concurrency: int = CONCURRENCY,
         client: api.Connect = Client,
+        *,
+        engines: tuple[str, ...] = (),
+        find: bool = False,
+        finder: Callable[[], list[FoundEngine]] = find_engines,
     ) -> None:
-        """`host`: the engine's URL; without it, like the docker CLI: DOCKER_HOST, or the
-        default (engine/url.py). Raises EndpointError for one that names no engine spoken
-        to. `client` makes a client of the engine (a fake one, in tests)."""
-        self.endpoint: Endpoint = chosen(host)
-        self.host: str = self.endpoint.url
-        self._client, self._timeout = client, timeout
-        # One bound on the engine for every removal job at once: a dead owner with 1,000
-        # containers, or 100 dead owners, send `concurrency` requests, not jobs x threads.
-        self._engine = client(self.endpoint, timeout, concurrency)
-        self._removers = ThreadPoolExecutor(concurrency, thread_name_prefix="exitwatch-rm")
-        self.connected = False
-        self.reconnects = 0
-        self.last_error: str | None = None
-        self._since: str | None = None
-        self._followed = self._down = False
+        """`host`: the one engine's URL (the `docker_host` setting); `engines`: several
+        (the `engines` setting; not with `host`). Without either, like the docker CLI:
+        DOCKER_HOST, or the default (engine/url.py). With `find`, also every engine that
+        `finder` finds on the host, from start() on. Raises EndpointError for a URL that
+        names no engine spoken to. `client` makes a client of an engine (a fake one, in
+        tests); `concurrency` bounds each engine's requests for removals."""
+        given = [Endpoint.parse(u) for u in engines] if engines else [chosen(host)]
+        self._make = lambda ep: Follower(ep, timeout, concurrency, client)
+        self._engines: dict[str, _Engine] = {}
         self._lock = threading.Lock()
-        self._stream: api.Events | None = None
-        # The boot time (compose.boot_time) as it was when each owner was first seen: a
-        # clock stepped since then is told by it (compose.started_at).
-        self._seen: dict[Owner, float] = {}
-        self._discovery = Discovery(
-            "docker events thread", "exitwatch-docker-events", wake=self._close_stream
-        )
+        for endpoint in given:
+            if _scope(endpoint) not in self._engines:
+                self._engines[_scope(endpoint)] = _Engine(self._make(endpoint), CONFIGURED)
+        first = next(iter(self._engines.values()))
+        # The first engine given: what `exitwatch run` and the one-engine status show.
+        self.endpoint: Endpoint = first.follower.endpoint
+        self.host: str = first.url
+        self._find, self._finder = find, finder
+        self._notify: Notify | None = None
+        self._too_many = False
+        self._scan_errors: dict[str, Unavailable] = {}  # scope -> why the last scan() failed
+        self._finding = Discovery("engine finder", "exitwatch-engines")
+        self._jobs = ThreadPoolExecutor(MAX_ENGINES, thread_name_prefix="exitwatch-engine")
+
+    def _all(self) -> list[_Engine]:
+        with self._lock:
+            return list(self._engines.values())
+
+    def _of(self, key: str) -> _Engine | None:
+        return next((e for e in self._all() if key.startswith(e.scope)), None)
+
+    # -- health ----------------------------------------------------------------------------
 
     def health(self) -> DockerHealth:
-        return {
-            "endpoint": self.host,
-            "connected": self.connected,
-            "reconnects": self.reconnects,
-            "last_error": self.last_error,
-        }
+        engines = self._all()
+        entries = [e.entry(e.follower.health()) for e in engines]
+        top = engines[0].follower.health()
+        return {**top, "engines": entries}
 
     def scan_health(self, error: Unavailable | None) -> DockerHealth:
-        if error is None:
-            return {"endpoint": self.host, "connected": True}
-        return {"endpoint": self.host, "connected": False, "last_error": str(error)}
+        """After scan(), which raised `error` or not: each engine as it answered then."""
+        entries = [
+            e.entry(e.follower.scan_health(self._scan_errors.get(e.scope))) for e in self._all()
+        ]
+        first = entries[0]
+        top: DockerHealth = {"endpoint": first["endpoint"], "connected": first["connected"]}
+        if "last_error" in first:
+            top["last_error"] = first["last_error"]
+        return {**top, "engines": entries}
 
     def ping(self) -> str | None:
-        """None when the engine answers; otherwise one line naming it and saying why not."""
-        try:
-            self._engine.ping()
-        except ENGINE_ERRORS as err:
-            return f"no Docker engine answers at {self.host}: {describe(err)}"
-        return None
+        """None when every engine given answers (a found one that does not is the
+        reconcile's to say); else one line per engine that does not."""
+        problems = [e.follower.ping() for e in self._all() if e.how == CONFIGURED]
+        said = [p for p in problems if p is not None]
+        return "; ".join(said) if said else None
+
+    # -- listing ---------------------------------------------------------------------------
 
     def scan(self) -> Snapshot:
-        """Every labelled container now. Raises EngineError when the engine does not answer."""
-        try:
-            return self._sighted(_snapshot(self._engine))
-        except ENGINE_ERRORS as err:
-            raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
+        """Every labelled container, network and volume now, of each engine that answers
+        within SCAN_DEADLINE, as the whole truth of those engines. Raises EngineError when
+        none answers; one that does not is said in the log."""
+        if self._find and self._notify is None:  # a one-shot scan: no finder thread runs
+            self._found(self._finder())
+        engines = self._all()
+        futures = {e.scope: self._jobs.submit(e.follower.scan) for e in engines}
+        resources: list[Resource] = []
+        scopes, errors = [], {}
+        for e in engines:
+            try:
+                snap = futures[e.scope].result(SCAN_DEADLINE)
+            except Unavailable as err:
+                errors[e.scope] = err
+                continue
+            except TimeoutError:
+                errors[e.scope] = EngineError(f"docker engine at {e.url}: no listing in time")
+                continue
+            scoped = e.snapshot(snap)
+            resources += scoped.resources
+            scopes.append(e.scope)
+        self._scan_errors = errors
+        if not scopes:
+            raise EngineError("; ".join(str(err) for err in errors.values()))
+        for err in errors.values():
+            log.warning("cannot list %s; the other engines were", err)
+        return Snapshot(KIND, tuple(resources), scopes=tuple(scopes))
 
-    def _sighted(self, snap: Snapshot) -> Snapshot:
-        """Note when each owner of a whole listing was first seen; forget those gone."""
-        booted = compose.boot_time()
-        owners = {r.owner for r in snap.resources}
-        with self._lock:
-            self._seen = {o: self._seen.get(o, booted) for o in owners}
-        return snap
+    def owned(self, owner: Owner) -> list[Resource]:
+        """The containers labelled with `owner` now, on every engine. Raises EngineError."""
+        return [e.scoped(r) for e in self._all() for r in e.follower.owned(owner)]
 
-    def _seen_boot(self, owner: Owner) -> float | None:
-        with self._lock:
-            return self._seen.get(owner)
-
-    # -- watching ------------------------------------------------------------------------------
+    # -- watching --------------------------------------------------------------------------
 
     def start(self, notify: Notify) -> None:
-        self._discovery.start(lambda stop_fd: self._watch(notify, stop_fd))
+        self._notify = notify
+        for e in self._all():
+            e.follower.start(e.notify(notify))
+        if self._find:
+            self._finding.start(self._look_for_engines)
 
     def stop(self) -> None:
-        self._discovery.stop()
-        self._engine.close()
-        self.connected = False
+        self._finding.stop()
+        for e in self._all():
+            e.follower.stop()
+        self._jobs.shutdown(wait=False, cancel_futures=True)
 
-    def _close_stream(self) -> None:
-        with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
-            try:
-                stream.close()
-            except ENGINE_ERRORS as err:
-                log.debug("closing the docker events stream: %s", describe(err))
-
-    def _watch(self, notify: Notify, stop_fd: int) -> None:
-        delay = BACKOFF_MIN
+    def _look_for_engines(self, stop_fd: int) -> None:
         while not stopped(stop_fd):
-            # A client per connection: it asks the API version of the engine that answers now,
-            # and a stream stuck on a dead engine holds nothing that removals need.
-            engine = self._client(self.endpoint, self._timeout, 0)
             try:
-                self._follow(engine, notify, stop_fd)
-                problem = "the events stream ended"
-            except Exception as err:
-                # Closing the stream under the reader makes it raise whatever it likes.
-                if stopped(stop_fd):
-                    break
-                if isinstance(err, ENGINE_ERRORS):
-                    problem = describe(err)
-                else:  # a bug, ours or notify's: the thread must outlive it, and say so
-                    log.exception("docker events thread: unexpected error")
-                    problem = f"unexpected error: {err!r}"
-            finally:
-                self._close_stream()
-                engine.close()
-            if stopped(stop_fd):
-                break
-            # The engine that answers next may be another (restarted, upgraded): the
-            # removals ask its API version again.
-            self._engine.close()
-            if self.connected:
-                delay = BACKOFF_MIN
-            self.connected = False
-            self.last_error = problem
-            if not self._down:
-                log.warning("docker engine at %s: %s; reconnecting", self.host, problem)
-            self._down = True
-            if wait(stop_fd, None, delay):
-                break
-            delay = min(delay * 2, BACKOFF_MAX)
-
-    def _follow(self, engine: api.Engine, notify: Notify, stop_fd: int) -> None:
-        """Subscribe first, then report a Snapshot, then each event until the stream ends."""
-        since = self._since or _ns_time(time.time_ns() - SINCE_MARGIN_NS)
-        stream = engine.events(since, TYPES)
-        with self._lock:
-            # A stop asked for before the stream was kept here found none to close.
-            if stopped(stop_fd):
-                stream.close()
+                self._found(self._finder())
+            except Exception:  # a bug: the thread must outlive it, and say so
+                log.exception("engine finder: unexpected error")
+            if wait(stop_fd, None, FIND_EVERY):
                 return
-            self._stream = stream
-        notify(self._sighted(_snapshot(engine)))
-        if self._followed:
-            self.reconnects += 1
-        if self._down:
-            log.info("docker engine at %s answers again; following its events", self.host)
-        self._followed, self._down, self.connected = True, False, True
-        for event in stream:
-            if isinstance(event, dict):
-                self._on_event(engine, event, notify)
 
-    def _on_event(self, engine: api.Engine, event: dict[str, Any], notify: Notify) -> None:
-        nano = event.get("timeNano")
-        if isinstance(nano, int):
-            # Resume just after it: `since` includes events of that very nanosecond.
-            self._since = _ns_time(nano + 1)
-        change = _change(engine, event)
-        if isinstance(change, Found):
+    def _found(self, found: list[FoundEngine]) -> None:
+        """Follow each engine found that is not followed yet, under one name: an engine
+        given by two paths (a symlink, /var/run for /run) is followed once. Stop following
+        a found one whose socket went."""
+        self._lost({_scope(item.endpoint) for item in found})
+        known = self._all()
+        seen = {_identity(e.follower.endpoint) for e in known} - {None}
+        for item in found:
+            scope = _scope(item.endpoint)
+            if any(e.scope == scope for e in known):
+                continue
+            ident = _identity(item.endpoint)
+            if ident is None or ident in seen:
+                continue
+            if len(known) >= MAX_ENGINES:
+                if not self._too_many:
+                    log.warning(
+                        "engine %s (%s) not followed: %d engines are, the most there may be",
+                        item.endpoint,
+                        item.how,
+                        MAX_ENGINES,
+                    )
+                    self._too_many = True
+                continue
+            e = _Engine(self._make(item.endpoint), item.how)
             with self._lock:
-                self._seen.setdefault(change.resource.owner, compose.boot_time())
-        if change is not None:
-            notify(change)
+                self._engines[scope] = e
+            known.append(e)
+            seen.add(ident)
+            if self._notify is not None:
+                log.info("engine found: %s (%s); following it", item.endpoint, item.how)
+                e.follower.start(e.notify(self._notify))
 
-    # -- removal -------------------------------------------------------------------------------
+    def _lost(self, there: set[str]) -> None:
+        """A found engine whose socket is not `there` any more (its user's engine stopped,
+        its user logged out) is not followed, and what the agent knew of it is forgotten:
+        it cannot be removed from there now, and nothing says the engine comes back. When
+        it does, it is found again, and its listing is the truth again (dead owners' things
+        go then). An engine given in the settings is followed, and waited for, for good."""
+        gone = [e for e in self._all() if e.how != CONFIGURED and e.scope not in there]
+        for e in gone:
+            with self._lock:
+                del self._engines[e.scope]
+            e.follower.stop()
+            if self._notify is not None:
+                log.info("engine gone: %s (%s); no longer followed", e.url, e.how)
+                self._notify(Snapshot(KIND, (), scopes=(e.scope,)))
 
-    def refused(self, res: Resource, why: str) -> Outcome:
-        type_, ident = split(res.key)
-        if type_ != CONTAINER:
-            extra = {"id": ident, "project": res.group}
-            return Outcome.refusal(res.name, type_, why, key=res.key, extra=extra)
-        return Outcome.refusal(why=why, key=res.key, **_container(res.key, res.name, res.group))
-
-    def what(self, res: Resource) -> str:
-        type_, ident = split(res.key)
-        return res.name if type_ != CONTAINER else f"container {ident[:12]} ({res.name})"
+    # -- removal ---------------------------------------------------------------------------
 
     def remove(
         self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
     ) -> list[Outcome]:
-        """Its containers first, compose projects as a whole (projects.py); then the
-        networks and volumes, its own and its whole projects', once no container uses them
-        (networks.py). A job may hold no container: networks and volumes carry owners too,
-        and one whose containers went before it (`compose down` without -v) left them."""
-        outcomes = [
-            self.refused(r, f"owned by {r.owner}, not {owner}")
-            for r in resources
-            if r.owner != owner
-        ]
-        mine = [r for r in resources if r.owner == owner]
-        boxes = [r for r in mine if split(r.key)[0] == CONTAINER]
-        # id -> (name, project): everything that goes, decided before anything is removed.
-        doomed: dict[str, tuple[str, str | None]] = {
-            r.key: (r.name, None) for r in boxes if r.group is None
+        """Each engine's share, on that engine's follower, the engines at once: one that
+        stalls holds up no other's removals of the same owner. Only the engines that hold
+        something of `resources` are asked; with none given, every engine."""
+        # Nothing given: whatever of the owner each engine holds (its labelled networks and
+        # volumes are looked for on each, as on one).
+        shares: dict[str, tuple[_Engine, list[Resource]]] = {
+            e.scope: (e, []) for e in (self._all() if not resources else ())
         }
-        whole = []
-        since = compose.started_at(owner, self._seen_boot(owner))
-        # A project of its networks and volumes alone is judged too: one whose containers
-        # remain (a live owner's, an unlabelled production one's) keeps them.
-        groups = sorted({r.group for r in mine if r.group is not None})
-        for project in groups:
-            given = [r for r in boxes if r.group == project]
-            targets, is_whole, said = projects.plan(self._engine, owner, project, given, since)
-            outcomes += said
-            doomed.update((cid, (name, project)) for cid, name in targets.items())
-            if is_whole:
-                whole.append(project)
+        outcomes: list[Outcome] = []
+        for res in resources:
+            e = self._of(res.key)
+            if e is None:  # not ours to have made; a bug if ever seen
+                outcomes.append(Outcome.failed(res.name or res.key, KIND, "no engine of its"))
+                continue
+            shares.setdefault(e.scope, (e, []))[1].append(e.unscoped(res))
 
-        def one(item: tuple[str, tuple[str, str | None]]) -> Outcome:
-            cid, (name, project) = item
-            if dry_run:
-                return Outcome.done(
-                    detail="dry run: would remove", **_container(cid, name, project)
-                )
-            ok, detail = attempt(functools.partial(self._engine.remove_container, cid))
-            return Outcome(ok=ok, detail=detail, **_container(cid, name, project))
+        def share(item: tuple[_Engine, list[Resource]]) -> list[Outcome]:
+            e, mine = item
+            return [e.outcome(o) for o in e.follower.remove(owner, mine, dry_run, how)]
 
-        if doomed:
-            outcomes += self._removers.map(one, doomed.items())
-        keys = {r.key for r in mine}
-        for project in whole:
-            outcomes += networks.of_project(self._engine, owner, project, since, dry_run, keys)
-        held = {p for p in groups if p not in whole}
-        return outcomes + networks.labelled(self._engine, owner, dry_run, outcomes, held, keys)
+        if len(shares) == 1:
+            outcomes += share(next(iter(shares.values())))
+        else:
+            for done in self._jobs.map(share, shares.values()):
+                outcomes += done
+        return outcomes
 
-    # -- what an ended run holds: networks and volumes are labelled as containers are ------
+    def refused(self, res: Resource, why: str) -> Outcome:
+        e = self._of(res.key)
+        if e is None:
+            return super().refused(res, why)
+        return e.outcome(e.follower.refused(e.unscoped(res), why))
 
-    def owned(self, owner: Owner) -> list[Resource]:
-        """The containers labelled with `owner` now. Raises EngineError."""
-        try:
-            listed = self._engine.containers(f"{LABEL_OWNER}={owner}")
-        except ENGINE_ERRORS as err:
-            raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
-        found = (resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
-        return [r for r in found if r is not None and r.owner == owner]
+    def what(self, res: Resource) -> str:
+        e = self._of(res.key)
+        return super().what(res) if e is None else e.follower.what(e.unscoped(res))
+
+    def followers(self) -> Iterator[tuple[Follower, str]]:
+        """Each engine's follower, with how the engine was found."""
+        return ((e.follower, e.how) for e in self._all())
 
 
-def _change(engine: api.Engine, event: dict[str, Any]) -> Change | None:
-    """What one event of the stream changes: a labelled container, network or volume
-    created (Found) or one destroyed (Gone), or nothing. A container's event carries its
-    labels; a volume's or network's none, so the new one is asked for its own (what raises
-    then makes the stream be followed again, after a listing). Raises what the engine does."""
-    type_, action = event.get("Type", CONTAINER), event.get("Action")
-    actor = event.get("Actor") or {}
-    ident, labels = actor.get("ID"), actor.get("Attributes") or {}
-    if not ident or not isinstance(ident, str) or type_ not in TYPES:
+def _identity(endpoint: Endpoint) -> tuple[int, int] | None:
+    try:
+        return endpoint.identity()
+    except OSError:
         return None
-    if type_ == CONTAINER and (LABEL_OWNER not in labels or kept(labels)):
-        return None
-    if action == "destroy":
-        return Gone(KIND, key_of(type_, ident))
-    if action != "create":
-        return None
-    if type_ == CONTAINER:
-        res = resource_of(KIND, ident, labels.get("name", ""), labels)
-    else:
-        try:
-            listed = engine.volume(ident) if type_ == VOLUME else engine.network(ident)
-        except NotFound:  # gone already: its destroy follows
-            return None
-        res = other_of(KIND, type_, listed)
-    return None if res is None else Found(res)
-
-
-def _ns_time(ns: int) -> str:
-    """A `since` the engine reads to the nanosecond."""
-    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"

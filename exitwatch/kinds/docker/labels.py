@@ -14,7 +14,13 @@ from exitwatch.owner import Owner, OwnerError
 
 log = logging.getLogger(__name__)
 
+KIND = "container"  # the kind these are resources of
 CONTAINER, NETWORK, VOLUME = "container", "network", "volume"
+
+
+def engine_of(key: str) -> str:
+    """The socket path of the engine of a scoped Resource key (kind.py); "" unscoped."""
+    return key.rpartition("|")[0]
 
 
 def key_of(type_: str, ident: str) -> str:
@@ -24,9 +30,11 @@ def key_of(type_: str, ident: str) -> str:
 
 
 def split(key: str) -> tuple[str, str]:
-    """(type, the engine's id or name) of a Resource key of the container kind."""
-    type_, colon, ident = key.partition(":")
-    return (type_, ident) if colon and type_ in (NETWORK, VOLUME) else (CONTAINER, key)
+    """(type, the engine's id or name) of a Resource key of the container kind, with or
+    without its engine's scope (kind.py) in front."""
+    own = key.rpartition("|")[2]
+    type_, colon, ident = own.partition(":")
+    return (type_, ident) if colon and type_ in (NETWORK, VOLUME) else (CONTAINER, own)
 
 
 def owner_from(cid: str, name: str, labels: dict[str, str], then: str) -> Owner | None:

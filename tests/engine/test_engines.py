@@ -11,6 +11,7 @@ import os
 import pwd
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from support.agentproc import Agent, Agents, agent_argv, container, wait_gone
+from support.agentproc import Agent, Agents, agent_argv, container, exists, quiet_config, wait_gone
+from support.cli import EXITWATCH
 from support.engine import ENGINE_SH, IMAGE, PrivateEngine
 from support.locks import turn
 from support.procs import kill, run, spawn_owner, wait_for
@@ -176,3 +178,22 @@ def test_a_users_symlink_to_another_engines_socket_is_not_followed(
         podman.unlink()
         users.socket.unlink()
     users.start()
+
+
+def test_exitwatch_reap_reaps_on_every_engine_it_finds(
+    engine: PrivateEngine, users: UsersEngine, workroot: Path, tmp_path: Path
+) -> None:
+    assert users.engine is not None
+    owner = spawn_owner()
+    mine = container(engine, owner.pid)
+    found = container(users.engine, owner.pid)
+    live = spawn_owner()
+    kept = container(users.engine, live.pid)
+    kill(owner)
+    argv = [*EXITWATCH, "reap", "--config", quiet_config(tmp_path), "--find-engines"]
+    argv += ["--docker-host", engine.host, "--workdir-root", str(workroot), "--audit-log", ""]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not exists(engine, mine) and not exists(users.engine, found)
+    assert exists(users.engine, kept)
+    kill(live)

@@ -170,11 +170,11 @@ stop() {
 }
 
 # The pids of processes whose command line names DIR: the conmons of its containers
-# (conmon -b DIR/root/...), an aardvark-dns of its networks, a podman left from a crash.
+# (conmon -b DIR/root/...), a podman left from a crash.
 pids_of() {
     local p
     for p in /proc/[0-9]*; do
-        tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$1/" && echo "${p#/proc/}"
+        { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qF -- "$1/" && echo "${p#/proc/}"
     done
     return 0
 }

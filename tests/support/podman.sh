@@ -11,6 +11,9 @@
 #       them again.
 #   tests/support/podman.sh image DIR
 #       import the test image unless it is there
+#   tests/support/podman.sh podman DIR ARGS...
+#       run podman ARGS itself on DIR's storage and network namespace, the service running
+#       or not (what a client of the service would see, made while it was away)
 #   tests/support/podman.sh purge DIR
 #       remove every container, pod, network and volume, stop the service, end the conmons
 #       left, unmount what it left mounted, remove DIR
@@ -224,5 +227,12 @@ case ${1-} in
     stop) [ $# -eq 2 ] || die "usage: $0 stop DIR"; stop "$2" ;;
     image) [ $# -eq 2 ] || die "usage: $0 image DIR"; image "$2" ;;
     purge) [ $# -eq 2 ] || die "usage: $0 purge DIR"; purge "$2" ;;
-    *) die "usage: $0 start DIR [SOCKET] | stop DIR | image DIR | purge DIR" ;;
+    podman)
+        [ $# -ge 3 ] || die "usage: $0 podman DIR ARGS..."
+        [ -f "$2/containers.conf" ] || die "no podman was started in $2"
+        dir=$(cd "$2" && pwd)
+        shift 2
+        pod "$dir" "$@"
+        ;;
+    *) die "usage: $0 start DIR [SOCKET] | stop DIR | image DIR | podman DIR ARGS... | purge DIR" ;;
 esac

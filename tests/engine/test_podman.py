@@ -3,7 +3,7 @@ through podman's Docker API: a SIGKILLed owner's container, network and volume g
 second, a live owner's stay, compose projects of a dead owner go as a whole (docker-compose
 and podman-compose against podman), and what was made while the agent was away, or while
 podman's service was, is found by the listing at its start and at its reconnect.
-docs/engines.md says how podman 4.3 differs from Docker, and which of it these prove."""
+docs/podman.md says how podman 4.3 differs from Docker, and which of it these prove."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_what_was_made_while_the_agent_was_away_goes_at_its_start(
 ) -> None:
     made = make_three(podman, "before", dead_labels())
     # A network alone: podman 4.3 sends no event of a network's creation, so a listing is
-    # all that finds it (docs/engines.md).
+    # all that finds it (docs/podman.md).
     lone = podman.client.api.create_network("lone-net", labels=dead_labels())["Id"]
     agents = Agents(podman.host, tmp_path, tmp_path)
     try:

@@ -2,7 +2,8 @@
 through podman's Docker API: a SIGKILLed owner's container, network and volume go within a
 second, a live owner's stay, compose projects of a dead owner go as a whole (docker-compose
 and podman-compose against podman), and what was made while the agent was away, or while
-podman's service was, is found by the listing at its start and at its reconnect.
+podman's service was, is found by the listing at its start and at its reconnect; and
+`exitwatch run` in front of podman labels what its command makes and removes it at the end.
 docs/podman.md says how podman 4.3 differs from Docker, and which of it these prove."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from exitwatch import owner_labels
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER
 from exitwatch.owner import Owner
 
+from support import wrapper
 from support.agentproc import Agent, Agents
 from support.engine import PrivatePodman
 from support.procs import kill, killed_owner, spawn_owner, wait_for
@@ -200,3 +202,35 @@ def test_what_was_made_while_podmans_service_was_down_goes_at_the_reconnect(
     made = [("container", cid), ("network", net), ("volume", vol), ("network", lone)]
     wait_all_gone(podman, made, "what the listing at the reconnect found")
     agent.wait_log("answers again", what="the agent to follow podman again")
+
+
+# What a run makes through `exitwatch run`'s socket, in front of podman: each labelled with
+# the run (the proxy adds it to every create), then the run ends by SIGKILL.
+RUN_MAKES = r"""
+docker run -d --name made $IMAGE sleep 1000 >/dev/null
+docker network create madenet >/dev/null
+docker volume create madevol >/dev/null
+docker container inspect --format '{{index .Config.Labels "exitwatch.owner"}}' made
+docker network inspect --format '{{index .Labels "exitwatch.owner"}}' madenet
+docker volume inspect --format '{{index .Labels "exitwatch.owner"}}' madevol
+kill -9 $$
+"""
+
+
+def test_exitwatch_run_in_front_of_podman_labels_and_removes(
+    podman: PrivatePodman, bases: Path
+) -> None:
+    podman.client.api.create_container(podman.image, name="outsider")
+    done = wrapper.run(
+        ["--", "sh", "-c", RUN_MAKES], wrapper.env_for(bases, podman, IMAGE=podman.image)
+    )
+    assert done.returncode == 137, done.stderr
+    labels = done.stdout.split()
+    assert len(labels) == 3 and len(set(labels)) == 1, done.stdout  # one owner: the run
+    Owner.parse(labels[0])
+    assert "exitwatch run" not in done.stderr  # nothing it could not remove
+    api, owned = podman.client.api, {"label": f"{LABEL_OWNER}={labels[0]}"}
+    assert api.containers(all=True, filters=owned) == []
+    assert api.networks(filters=owned) == []
+    assert api.volumes(filters=owned)["Volumes"] in (None, [])
+    assert [c["Names"] for c in api.containers(all=True)] == [["/outsider"]]

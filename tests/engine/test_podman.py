@@ -185,6 +185,7 @@ def test_what_was_made_while_the_agent_was_away_goes_at_its_start(
 def test_what_was_made_while_podmans_service_was_down_goes_at_the_reconnect(
     podman: PrivatePodman, agent: Agent
 ) -> None:
+    lost, back = agent.text().count("reconnecting"), agent.text().count("answers again")
     podman.stop()
     try:
         # Made by podman itself, on the same storage, as a client of another service would.
@@ -196,12 +197,12 @@ def test_what_was_made_while_podmans_service_was_down_goes_at_the_reconnect(
             "run", "-d", label, "--network=away-net", f"--volume={vol}:/data", podman.image
         ).stdout.strip()
         lone = podman.local("network", "create", label, "away-lone").stdout.strip()
-        agent.wait_log("reconnecting", what="the agent to lose podman's events stream")
+        agent.wait_log("reconnecting", "the agent to lose podman's events stream", lost + 1)
     finally:
         podman.start()
     made = [("container", cid), ("network", net), ("volume", vol), ("network", lone)]
     wait_all_gone(podman, made, "what the listing at the reconnect found")
-    agent.wait_log("answers again", what="the agent to follow podman again")
+    agent.wait_log("answers again", "the agent to follow podman again", back + 1)
 
 
 # What a run makes through `exitwatch run`'s socket, in front of podman: each labelled with

@@ -85,11 +85,18 @@ def _send(
 
 def request(endpoint: Endpoint, method: str, url: str, timeout: float) -> bytes:
     """The whole body of one call's 2xx answer. Raises as _send does."""
-    conn, answer = _send(endpoint, method, url, timeout)
+    return answer(endpoint, method, url, timeout)[1]
+
+
+def answer(
+    endpoint: Endpoint, method: str, url: str, timeout: float
+) -> tuple[http.client.HTTPMessage, bytes]:
+    """The headers and the whole body of one call's 2xx answer. Raises as _send does."""
+    conn, got = _send(endpoint, method, url, timeout)
     try:
-        return _bounded(answer)
+        return got.headers, _bounded(got)
     finally:
-        _release(conn, answer)
+        _release(conn, got)
 
 
 def _bounded(answer: http.client.HTTPResponse) -> bytes:

@@ -35,8 +35,9 @@ def _json(body: object) -> Answer:
 @contextlib.contextmanager
 def lying(routes: dict[str, Answer]) -> Iterator[Endpoint]:
     """An engine at a socket of its own answering each path that starts with a key of
-    `routes` as told; /version says API 1.41."""
-    routes = {"/version": _json({"ApiVersion": "1.41"}), **routes}
+    `routes` as told; /_ping says API 1.41."""
+    ping = b"HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nContent-Length: 2\r\n\r\nOK"
+    routes = {"/_ping": lambda sock: sock.sendall(ping), **routes}
     where = Path(tempfile.mkdtemp(prefix="ew-lie-"))
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(where / "e.sock"))

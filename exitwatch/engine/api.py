@@ -75,6 +75,10 @@ class Engine(Protocol):
 
     def remove_volume(self, name: str) -> None: ...
 
+    def network_events(self) -> bool:
+        """Whether events() tells of networks made and removed (podman 4.3's does not)."""
+        ...
+
     def close(self) -> None:
         """Forget what was learnt of the engine (its API version): the next call asks the
         engine that answers then."""

@@ -47,6 +47,7 @@ class Client:
     def __init__(self, endpoint: Endpoint, timeout: float, concurrency: int = 0) -> None:
         self._endpoint, self._timeout = endpoint, timeout
         self._version: str | None = None
+        self._libpod = False  # podman, by its /_ping's Libpod-Api-Version header
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
 
@@ -66,6 +67,8 @@ class Client:
         the OCI runtime for theirs), and the first removal after every (re)connect waited
         for it; its /_ping, like Docker's, says the version at once."""
         headers, _ = answer(self._endpoint, "GET", "/_ping", self._timeout)
+        with self._lock:
+            self._libpod = headers.get("Libpod-Api-Version") is not None
         version: Any = headers.get("Api-Version")
         if version is None:
             doc = json.loads(request(self._endpoint, "GET", "/version", self._timeout))
@@ -147,6 +150,13 @@ class Client:
 
     def remove_volume(self, name: str) -> None:
         self._delete(f"/volumes/{quote(name, safe='')}")
+
+    def network_events(self) -> bool:
+        """Whether the engine tells of networks made and removed in its events stream:
+        podman 4.3 does not (docs/podman.md). Asks the engine its version first."""
+        self._url("")
+        with self._lock:
+            return not self._libpod
 
     def close(self) -> None:
         """Forget the API version: the next call asks the engine that answers then."""

@@ -106,6 +106,23 @@ def test_a_killed_owners_container_network_and_volume_go_within_a_second(
     wait_all_gone(podman, kept, "the second owner's, once it was killed too")
 
 
+def test_a_network_alone_made_while_the_agent_runs_goes_with_its_owner(
+    podman: PrivatePodman, agent: Agent
+) -> None:
+    # podman 4.3's events tell nothing of networks: the agent lists them (NETWORK_POLL).
+    owner = spawn_owner()
+    net = podman.client.api.create_network("lonely", labels=owner_labels(owner.pid))["Id"]
+
+    def held() -> bool:
+        mine = [o for o in agent.status()["owners"] if o["pid"] == owner.pid]
+        return bool(mine) and [n["id"] for n in mine[0]["networks"]] == [net]
+
+    wait_for(held, what="the agent to know of the network from its listings")
+    kill(owner)
+    took = wait_all_gone(podman, [("network", net)], "the killed owner's network")
+    assert took < DEADLINE, f"gone {took:.2f} s after the owner's SIGKILL"
+
+
 def compose_file(where: Path, owner: Owner) -> None:
     """A project of two services, the main one labelled with `owner`, a named volume, and
     the default network."""

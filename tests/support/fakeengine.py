@@ -74,6 +74,8 @@ class FakeEngine:
         self.volumes_: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []  # (call, its first argument), in order
         self.down = False  # every connection refused, as with no engine listening
+        # As podman 4.3: no events of networks made or removed (docs/podman.md).
+        self.quiet_networks = False
         self.in_flight = self.most_in_flight = 0  # calls under way at once
         self._errors: dict[str, list[BaseException]] = {}
         self._delays: dict[str, float] = {}
@@ -230,6 +232,10 @@ class FakeEngine:
         attributes = {"name": name, "type": "bridge"} if kind == "network" else {"driver": "local"}
         self._say(kind, ident, "destroy", attributes)
 
+    def network_events(self) -> bool:
+        self._call("network_events", "")
+        return not self.quiet_networks
+
     def close(self) -> None:
         self._call("close", "")
 
@@ -288,6 +294,8 @@ class FakeEngine:
         }
         with self._lock:
             streams = list(self._streams)
+            if type_ == "network" and self.quiet_networks:
+                return
         for stream in streams:
             if type_ in stream.types:
                 stream.put(event)

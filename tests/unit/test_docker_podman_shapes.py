@@ -5,9 +5,11 @@ which may bear `io.podman.compose.project` alone. The events are as podman 4.3.1
 
 from __future__ import annotations
 
+import queue
+
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER
-from exitwatch.kinds.base import Found, Gone
-from exitwatch.kinds.docker import attempts
+from exitwatch.kinds.base import Found, Gone, Snapshot
+from exitwatch.kinds.docker import attempts, follower
 from exitwatch.kinds.docker.compose import (
     LABEL_CONFIG_FILES,
     LABEL_WORKING_DIR,
@@ -105,3 +107,22 @@ def test_a_podman_only_project_goes_whole_with_its_network(monkeypatch):
     assert said[f"container {side[:12]} (app_side_1)"].detail == "removed"
     assert said["network app_default"].ok
     assert set(fake.containers_) == {prod} and not fake.networks_
+
+
+def test_the_networks_of_an_engine_whose_events_leave_them_out_are_listed_again(monkeypatch):
+    monkeypatch.setattr(follower, "NETWORK_POLL", 0.05)
+    fake = FakeEngine()
+    fake.quiet_networks = True
+    kind = Containers("unix:///run/fake-engine.sock", client=fake.connect)
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    kind.start(changes.put)
+    try:
+        assert isinstance(changes.get(timeout=10), Snapshot)
+        dead = killed_owner()
+        net = fake.add_network("lonely", {LABEL_OWNER: str(dead)})
+        found = changes.get(timeout=10)
+        assert isinstance(found, Found) and found.resource.key.endswith(f"|network:{net}")
+        fake.remove_network(net)
+        assert changes.get(timeout=10) == Gone("container", found.resource.key)
+    finally:
+        kind.stop()

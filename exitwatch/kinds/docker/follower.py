@@ -60,6 +60,9 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 5.0  # seconds between reconnects to the events 
 # The engine answers an events request before it subscribes, so a subscription asks for a
 # replay from just before it was requested. The engine is local: its clock is ours.
 SINCE_MARGIN_NS = 100_000_000
+# Seconds between listings of the networks of an engine whose events leave them out
+# (podman 4.3): a network made by an owner that dies is known within this.
+NETWORK_POLL = 1.0
 
 
 _container = projects.container
@@ -230,15 +233,51 @@ class Follower:
                 stream.close()
                 return
             self._stream = stream
-        notify(self._sighted(_snapshot(engine)))
+        snap = self._sighted(_snapshot(engine))
+        notify(snap)
         if self._followed:
             self.reconnects += 1
         if self._down:
             log.info("docker engine at %s answers again; following its events", self.host)
         self._followed, self._down, self.connected = True, False, True
-        for event in stream:
-            if isinstance(event, dict):
-                self._on_event(engine, event, notify)
+        done = threading.Event()
+        if not engine.network_events():  # podman: its networks are listed again and again
+            networks = {r.key: r for r in snap.resources if split(r.key)[0] == NETWORK}
+            threading.Thread(
+                target=self._poll_networks,
+                args=(engine, networks, notify, done),
+                name="exitwatch-networks",
+                daemon=True,
+            ).start()
+        try:
+            for event in stream:
+                if isinstance(event, dict):
+                    self._on_event(engine, event, notify)
+        finally:
+            done.set()
+
+    def _poll_networks(
+        self, engine: api.Engine, known: dict[str, Resource], notify: Notify, done: threading.Event
+    ) -> None:
+        """For an engine whose events tell nothing of networks: its labelled networks,
+        listed every NETWORK_POLL s while its stream is followed, each one made or gone
+        told as its event would have. A listing that fails proves nothing: the stream's
+        end says when the engine is gone."""
+        while not done.wait(NETWORK_POLL):
+            try:
+                listed = [other_of(KIND, NETWORK, n) for n in engine.networks(LABEL_OWNER)]
+            except ENGINE_ERRORS as err:
+                log.debug("listing the networks of %s: %s", self.host, describe(err))
+                continue
+            now = {r.key: r for r in listed if r is not None}
+            for key, res in now.items():
+                if known.get(key) != res:
+                    with self._lock:
+                        self._seen.setdefault(res.owner, compose.boot_time())
+                    notify(Found(res))
+            for key in known.keys() - now.keys():
+                notify(Gone(KIND, key))
+            known = now
 
     def _on_event(self, engine: api.Engine, event: dict[str, Any], notify: Notify) -> None:
         nano = event.get("timeNano")

@@ -1,5 +1,6 @@
-"""The benchmark's own Docker engine (tests/support/engine.sh), containers made in bulk, and the
-engine's destroy events: the outside clock that says when a container is gone."""
+"""The benchmark's own engines (a Docker from tests/support/engine.sh, or a rootful podman from
+tests/support/podman.sh), containers made in bulk, and the engine's destroy events: the
+outside clock that says when a container is gone."""
 
 from __future__ import annotations
 
@@ -15,31 +16,47 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from bench.eventsfile import EventsFile
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import Owner
 
-ENGINE_SH = Path(__file__).resolve().parent.parent / "tests" / "support" / "engine.sh"
+SUPPORT = Path(__file__).resolve().parent.parent / "tests" / "support"
+ENGINE_SH = SUPPORT / "engine.sh"
+# kind -> (its script, the socket's name in its directory, the event that says a container
+# is gone: podman sends `remove` where Docker sends `destroy`, docs/podman.md)
+KINDS = {
+    "docker": (ENGINE_SH, "docker.sock", "destroy"),
+    "podman": (SUPPORT / "podman.sh", "podman.sock", "remove"),
+}
 IMAGE = "exitwatch-test/busybox:latest"
 FLOOR_LABEL = "exitwatch.bench"  # floor containers: the same kind, but nobody's
 THREADS = 16
 
 
 class Engine:
-    def __init__(self, directory: str) -> None:
-        self.dir = directory
-        socket = os.path.join(directory, "docker.sock")
+    def __init__(self, directory: str, kind: str = "docker") -> None:
+        self.dir, self.kind = directory, kind
+        script, socket, self.gone_event = KINDS[kind]
+        self.script = str(script)
         done = subprocess.run(
-            [str(ENGINE_SH), "start", directory, socket],
+            [self.script, "start", directory, os.path.join(directory, socket)],
             capture_output=True,
             text=True,
             check=False,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"engine.sh start {directory} failed: {done.stderr.strip()}")
+            raise RuntimeError(f"{script.name} start {directory} failed: {done.stderr.strip()}")
         self.host = done.stdout.strip()
         self.api = docker.APIClient(base_url=self.host, timeout=300, max_pool_size=THREADS * 2)
         self.version = self.api.version()["Version"]
         self.clean()
+
+    def destroyed(self) -> Destroyed | EventsFile:
+        """The clock that says when a container is gone: the events stream on Docker,
+        podman's events file on podman (eventsfile.py says why)."""
+        if self.kind == "podman":
+            return EventsFile(os.path.join(self.dir, "tmp", "events", "events.log"))
+        return Destroyed(self)
 
     def env(self) -> dict[str, str]:
         """For the docker CLI: this engine, nothing else from the caller's DOCKER_* setup."""
@@ -91,10 +108,11 @@ class Engine:
     def count(self) -> int:
         return len(self.api.containers(all=True, quiet=True))
 
-    def close(self) -> None:
-        """Stop the engine; its data (the image) stays for the next run."""
+    def close(self, purge: bool = False) -> None:
+        """Stop the engine; its data (the image) stays for the next run, unless `purge`."""
         self.api.close()
-        subprocess.run([str(ENGINE_SH), "stop", self.dir], capture_output=True, check=False)
+        verb = "purge" if purge else "stop"
+        subprocess.run([self.script, verb, self.dir], capture_output=True, check=False)
 
 
 class Destroyed:
@@ -105,7 +123,7 @@ class Destroyed:
         self.seen: dict[str, float] = {}
         self._cond = threading.Condition()
         self._stream = engine.api.events(
-            filters={"type": "container", "event": "destroy"}, decode=True
+            filters={"type": "container", "event": engine.gone_event}, decode=True
         )
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()

@@ -10,23 +10,37 @@ import subprocess
 import time
 
 from bench import stats
-from bench.engine import Destroyed, Engine
+from bench.engine import Engine
 from bench.gone import Gone
 from bench.procs import Agent, AgentFailed, end_owners, marked_dirs, spawn_owners
 
 DEADLINE = 10.0  # seconds for one removal to be seen; past it the trial counts as missed
 
 
-def run(engine: Engine, source: str, trials: int, root: str, poll_interval: float) -> dict:
+def run(
+    engine: Engine,
+    source: str,
+    trials: int,
+    root: str,
+    poll_interval: float,
+    find_engines: bool | None = None,
+) -> dict:
     """Latencies of one source over `trials` owners, each holding one running container and
-    one workdir; every trial also times the two floors."""
+    one workdir; every trial also times the two floors. `find_engines`: the agent's
+    --find-engines, or None for the config's default."""
     owners = spawn_owners(trials)
     made = engine.create_for([o.owner for o in owners], 1, start=True)
     floor_api = engine.create(trials, start=True)
     floor_cli = engine.create(trials, start=True)
     dirs = marked_dirs(root, owners, source)
-    destroyed, gone = Destroyed(engine), Gone()
-    agent = Agent(source, engine.host, [root], poll_interval if source == "poll" else None)
+    destroyed, gone = engine.destroyed(), Gone()
+    agent = Agent(
+        source,
+        engine.host,
+        [root],
+        poll_interval if source == "poll" else None,
+        find_engines=find_engines,
+    )
     result: dict = {"source": source, "trials": trials}
     rng = random.Random(trials)
     try:

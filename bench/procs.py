@@ -117,6 +117,8 @@ class Agent:
     hook_dir: str | None = None  # None: a spool of its own, empty
     reconcile_interval: float | None = None
     engine_concurrency: int | None = None  # None: the default
+    engines: tuple[str, ...] = ()  # several engines: --engine each, in place of docker_host
+    find_engines: bool | None = None  # None: as deployed (the config's default)
     lines: list[str] = field(default_factory=list)
     arrived: list[float] = field(default_factory=list)  # monotonic, one per line
     started: float = 0.0
@@ -135,7 +137,13 @@ class Agent:
                 "-c",
                 f"NO_FILTER_FEATURE = {NO_FILTER_FEATURE!r}\n{_NO_FILTER}",
             ]
-        argv = [*head, "agent", "--source", self.source, "--docker-host", self.docker_host]
+        argv = [*head, "agent", "--source", self.source]
+        if self.engines:
+            argv += [x for url in self.engines for x in ("--engine", url)]
+        else:
+            argv += ["--docker-host", self.docker_host]
+        if self.find_engines is not None:
+            argv.append("--find-engines" if self.find_engines else "--no-find-engines")
         for root in self.roots:
             argv += ["--workdir-root", root]
         if self.poll_interval is not None:

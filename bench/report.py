@@ -111,6 +111,16 @@ def targets(results: dict) -> list[dict]:
         w = sc["workdirs"]
         _check(out, "scale", "workdir start-up reconcile / find", w["ratio"], "<=", 1.5)
         _check(out, "scale", "workdir periodic reconcile / find", w["periodic_ratio"], "<=", 1.5)
+    if "engines" in s:
+        e = s["engines"]
+        r = e["rootful_podman"]
+        if "unavailable" not in r:
+            what = "rootful podman SIGKILL to container gone, overhead p95 ms"
+            _check(out, "engines", what, r["overhead_ms"].get("p95"), "<=", 10)
+            _check(out, "engines", "rootful podman missed", r["missed"], "<=", 0)
+        i, n = e["idle"], e["engines"]
+        _check(out, "engines", f"idle agent CPU, {n} engines / one", i["cpu_pct_ratio"], "<=", 1.2)
+        _check(out, "engines", f"idle agent RSS, {n} engines / one", i["rss_mb_ratio"], "<=", 1.2)
     return out
 
 
@@ -126,23 +136,7 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
     out = [(k, "failed", v["error"]) for k, v in results["sections"].items() if _failed(v)]
     dist = "p50 / p95 / p99 / max ms"
     for r in s.get("latency", []):
-        src = r["source"]
-        if "unavailable" in r:
-            out.append(("latency", src, f"unavailable: {r['unavailable']}"))
-            continue
-        n = f"{r['container_ms'].get('n', 0)} trials, {r['missed']} missed"
-        out += [
-            ("latency", f"{src}: SIGKILL -> container gone, {dist}", _dist(r["container_ms"])),
-            ("latency", f"{src}: floor, engine DELETE force, {dist}", _dist(r["floor_api_ms"])),
-            ("latency", f"{src}: floor, `docker rm -f` CLI, {dist}", _dist(r["floor_cli_ms"])),
-            (
-                "latency",
-                f"{src}: overhead, per trial (ours - the API floor run just before), {dist}",
-                _dist(r["overhead_ms"]),
-            ),
-            ("latency", f"{src}: SIGKILL -> workdir gone, {dist}", _dist(r["workdir_ms"])),
-            ("latency", f"{src}: trials", n),
-        ]
+        out += _latency("latency", r["source"], r)
     for r in s.get("storm", []):
         v = r["variant"]
         if "unavailable" in r:
@@ -327,6 +321,44 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
                 f"{w['periodic_median_s']} / {w['baseline_median_s']} = {w['periodic_ratio']}",
             ),
         ]
+    if "engines" in s:
+        out += _engines(s["engines"])
+    return out
+
+
+def _latency(section: str, name: str, r: dict) -> list[tuple[str, str, str]]:
+    """The rows of one reap-latency run (latency.run) whose agent is called `name`."""
+    if "unavailable" in r:
+        return [(section, name, f"unavailable: {r['unavailable']}")]
+    dist = "p50 / p95 / p99 / max ms"
+    n = f"{r['container_ms'].get('n', 0)} trials, {r['missed']} missed"
+    return [
+        (section, f"{name}: SIGKILL -> container gone, {dist}", _dist(r["container_ms"])),
+        (section, f"{name}: floor, engine DELETE force, {dist}", _dist(r["floor_api_ms"])),
+        (section, f"{name}: floor, `docker rm -f` CLI, {dist}", _dist(r["floor_cli_ms"])),
+        (
+            section,
+            f"{name}: overhead, per trial (ours - the API floor run just before), {dist}",
+            _dist(r["overhead_ms"]),
+        ),
+        (section, f"{name}: SIGKILL -> workdir gone, {dist}", _dist(r["workdir_ms"])),
+        (section, f"{name}: trials", n),
+    ]
+
+
+def _engines(e: dict) -> list[tuple[str, str, str]]:
+    out = _latency("engines", f"rootful podman {e['podman']}, {e['source']}", e["rootful_podman"])
+    i = e["idle"]
+    for key, what in (("cpu_pct", "CPU %"), ("rss_mb", "RSS MB")):
+        each = zip(i["all"], i["one"], i[f"{key}_ratios"], strict=True)
+        out.append(
+            (
+                "engines",
+                f"idle, {i['owners']} owners x {i['containers_per_engine'] // max(i['owners'], 1)} "
+                f"containers on each engine: {what}, {e['engines']} engines / one, per trial",
+                ", ".join(f"{a[key]} / {b[key]} = {r}" for a, b, r in each),
+            )
+        )
     return out
 
 

@@ -23,12 +23,12 @@ from pathlib import Path
 import docker
 import psutil
 
-from bench import adopt, hooks, idle, latency, report, scale, storm, wrapper
+from bench import adopt, engines, hooks, idle, latency, report, scale, storm, wrapper
 from bench.engine import Engine
 from bench.procs import end_owners, spawn_owners
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt")
+SECTIONS = ("latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt", "engines")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,18 @@ class Sizes:
     """Listings per client and round, through the adopt socket and directly."""
     scale_runs: int = 3
     """Alternated runs of the agent and the baseline in each scale figure."""
+    engines_trials: int = 100
+    """Reap-latency trials on the private rootful podman."""
+    engines_count: int = 5
+    """Private rootful podmans followed at once in the idle comparison (against one)."""
+    engines_owners: int = 50
+    """Live owners in the idle comparison, with containers on every engine."""
+    engines_per_owner: int = 2
+    """Created containers per owner on each engine."""
+    engines_idle_seconds: float = 60.0
+    """How long each agent's CPU is measured in each trial of the idle comparison."""
+    engines_idle_runs: int = 3
+    """Trials of the idle comparison, each running both agents in turn."""
 
 
 SMOKE = Sizes(
@@ -98,6 +110,12 @@ SMOKE = Sizes(
     adopt_cp_mb=16,
     adopt_list_requests=5,
     scale_runs=1,
+    engines_trials=3,
+    engines_count=2,
+    engines_owners=3,
+    engines_per_owner=1,
+    engines_idle_seconds=1.0,
+    engines_idle_runs=1,
 )
 
 
@@ -251,6 +269,20 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
                     sizes.adopt_list_requests,
                 ),
             )
+        if "engines" in only:
+            section(
+                "engines",
+                lambda: engines.run(
+                    args.engine_dir,
+                    _fresh(os.path.join(work, "engines")),
+                    sizes.engines_trials,
+                    sizes.engines_count,
+                    sizes.engines_owners,
+                    sizes.engines_per_owner,
+                    sizes.engines_idle_seconds,
+                    sizes.engines_idle_runs,
+                ),
+            )
     finally:
         engine.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -321,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine-dir",
         default="/tmp/exitwatch-bench",
-        help="the private Docker engine's directory (kept short)",
+        help="the private Docker engine's directory (kept short); the engines section's "
+        "podmans are in DIR-p0, DIR-p1, ...",
     )
     parser.add_argument(
         "--bindir",

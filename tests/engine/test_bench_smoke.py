@@ -15,10 +15,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_SH = ROOT / "tests" / "support" / "engine.sh"
+PODMAN_SH = ROOT / "tests" / "support" / "podman.sh"
 
 pytestmark = pytest.mark.engine
 
-SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt"}
+SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt", "engines"}
 DIST = {"n", "p50", "p95", "p99", "max", "mean"}
 
 
@@ -38,6 +39,9 @@ def engine_dir() -> Iterator[str]:
     d = f"/tmp/exitwatch-bench-smoke-{os.getpid()}"
     yield d
     subprocess.run([str(ENGINE_SH), "purge", d], check=False, capture_output=True)
+    # The engines section's podmans (DIR-p0, ...), which it purges itself unless killed.
+    for podman in Path("/tmp").glob(f"{Path(d).name}-p*"):
+        subprocess.run([str(PODMAN_SH), "purge", str(podman)], check=False, capture_output=True)
 
 
 def _dist(d: dict) -> None:
@@ -125,6 +129,20 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
         for key in ("direct", "adopt", "overhead"):
             _dist(adopt[part][key])
         assert adopt[part]["overhead"]["n"] == adopt[part]["direct"]["n"] > 0
+
+    engines = results["sections"]["engines"]
+    assert engines["engines"] == results["sizes"]["engines_count"] >= 2
+    r = engines["rootful_podman"]
+    for key in ("container_ms", "workdir_ms", "floor_api_ms", "floor_cli_ms", "overhead_ms"):
+        _dist(r[key])
+    assert r["container_ms"]["n"] + r["missed"] == r["trials"]
+    assert r["overhead_ms"]["n"] == r["container_ms"]["n"]
+    # The agent followed the podman it was given, and found the owners' containers there.
+    assert r["watching"] >= r["trials"]
+    i = engines["idle"]
+    assert len(i["all"]) == len(i["one"]) == len(i["rss_mb_ratios"]) == i["runs"] >= 1
+    assert all(x["watching"] >= i["owners"] and x["rss_mb"] > 0 for x in i["all"] + i["one"])
+    assert i["rss_mb_ratio"] > 0
 
     for r in results["sections"]["hooks"]:
         _dist(r["hook_ms"])

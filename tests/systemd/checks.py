@@ -27,6 +27,7 @@ from guest import (
     IMAGE,
     Failed,
     answers,
+    callbacks,
     journal,
     journal_cursor,
     kill,
@@ -387,6 +388,7 @@ def main() -> int:
     check("the source without exitwatch-bpf is netlink", source_is, "netlink")
     owner_case(check, "root", "netlink")
     check("installing exitwatch-bpf restarts the agent onto ebpf", install_bpf, debs)
+    info(f"the agent's ctypes callbacks: {callbacks()}")
     check("exitwatch status (the CLI)", status_cli)
     for who in ("root", "alice", "bob"):
         owner_case(check, who, "ebpf")

@@ -156,6 +156,15 @@ def running(name: str = "exitwatch") -> bool:
     return u["ActiveState"] == "active" and u["SubState"] == "running"
 
 
+def callbacks() -> str:
+    """Where libffi put the agent's ctypes callbacks: under MemoryDenyWriteExecute=yes a
+    libffi without static trampolines (bookworm's) maps them from a memfd, MAP_SHARED, which
+    a fork shares (docs/changes.md, the SIGABRT at start)."""
+    with open(f"/proc/{main_pid()}/maps") as f:
+        shared = sum("/memfd:libffi" in line for line in f)
+    return f"{shared} shared memfd mapping(s)" if shared else "no shared mapping"
+
+
 def journal_cursor() -> str:
     text = out(["journalctl", "-n", "0", "--show-cursor", "--quiet"])
     return text.rsplit("cursor: ", 1)[-1] if "cursor: " in text else ""

@@ -74,6 +74,14 @@ class Engine(Protocol):
 
     def remove_volume(self, name: str) -> None: ...
 
+    def pods(self, label: str) -> list[dict[str, Any]]:
+        """Podman's pods with `label` (`Id`, `Name`, `Labels`); none on another engine."""
+        ...
+
+    def remove_pod(self, pid: str) -> None:
+        """Remove a pod of podman's with its containers, running or not."""
+        ...
+
     def close(self) -> None:
         """Forget what was learnt of the engine (its API version): the next call asks the
         engine that answers then."""

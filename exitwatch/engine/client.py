@@ -24,6 +24,9 @@ LISTING_CHUNK = 64 * 1024
 # the JSON it should be).
 ENGINE_ERRORS = (EngineRefused, http.client.HTTPException, OSError, ValueError)
 _API_VERSION = re.compile(r"[0-9]+\.[0-9]+")
+# Podman's own API, for its pods: 4.0.0 is the oldest level that 4.x and 5.x serve.
+LIBPOD = "/v4.0.0/libpod"
+PODMAN = "Podman Engine"  # the component of /version that says the engine is podman
 
 
 def _filters(**values: str | list[str]) -> str:
@@ -44,6 +47,7 @@ class Client:
     def __init__(self, endpoint: Endpoint, timeout: float, concurrency: int = 0) -> None:
         self._endpoint, self._timeout = endpoint, timeout
         self._version: str | None = None
+        self._podman = False
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
 
@@ -55,8 +59,12 @@ class Client:
             version = answer.get("ApiVersion") if isinstance(answer, dict) else None
             if not isinstance(version, str) or not _API_VERSION.fullmatch(version):
                 raise ValueError(f"the engine's /version gave no API version: {version!r}")
+            parts = answer.get("Components")
+            podman = isinstance(parts, list) and any(
+                isinstance(c, dict) and c.get("Name") == PODMAN for c in parts
+            )
             with self._lock:
-                self._version = version
+                self._version, self._podman = version, podman
         query = f"?{urlencode(params)}" if params else ""
         return f"/v{version}{route}{query}"
 
@@ -132,6 +140,23 @@ class Client:
 
     def remove_volume(self, name: str) -> None:
         self._delete(f"/volumes/{quote(name, safe='')}")
+
+    def pods(self, label: str) -> list[dict[str, Any]]:
+        """Podman's pods with `label` (`Id`, `Name`, `Labels`); none where the engine is not
+        podman, which has no pods."""
+        with self._slot():
+            self._url("/version")  # learns which engine it is
+            with self._lock:
+                if not self._podman:
+                    return []
+            url = f"{LIBPOD}/pods/json?{urlencode({'filters': _filters(label=label)})}"
+            return json.loads(request(self._endpoint, "GET", url, self._timeout)) or []
+
+    def remove_pod(self, pid: str) -> None:
+        """Remove a pod of podman's with its containers, running or not."""
+        with self._slot():
+            url = f"{LIBPOD}/pods/{quote(pid, safe='')}?force=true"
+            request(self._endpoint, "DELETE", url, self._timeout)
 
     def close(self) -> None:
         """Forget the API version: the next call asks the engine that answers then."""

@@ -230,6 +230,14 @@ class FakeEngine:
         attributes = {"name": name, "type": "bridge"} if kind == "network" else {"driver": "local"}
         self._say(kind, ident, "destroy", attributes)
 
+    def pods(self, label: str) -> list[dict[str, Any]]:
+        with self._answer("pods", label):
+            return []  # a Docker engine's: podman's pods are tried against the real one
+
+    def remove_pod(self, pid: str) -> None:
+        with self._answer("remove_pod", pid):
+            raise refused(404, f"no such pod: {pid}")
+
     def close(self) -> None:
         self._call("close", "")
 

@@ -31,7 +31,7 @@ from exitwatch.kinds.hooks.file import ensure_spool
 from exitwatch.owner import Owner, current_boot_id, death, owner_of
 
 from support import scratch
-from support.engine import ENGINE_SH, IMAGE, PrivateEngine
+from support.engine import ENGINE_SH, IMAGE, PODMAN_SH, PrivateEngine, PrivatePodman
 from support.procs import kill, run, spawn_owner
 from support.runs import FakeRun
 from support.trees import lazy_umount_below
@@ -39,28 +39,29 @@ from support.users import attacker_user
 
 # Short: containerd's sockets live under it, and unix socket paths hold at most 107 bytes.
 BASE = Path("/tmp/exitwatch-engine")
+PODMAN_BASE = Path("/tmp/exitwatch-podman")  # the `podman` fixture's, named alike
 
 log = logging.getLogger(__name__)
 
 
-def _session_dir(owner: Owner) -> Path:
+def _session_dir(owner: Owner, base: Path = BASE) -> Path:
     # Part of the boot id tells this boot's sessions from a previous boot's, in little room.
-    return BASE / f"{owner.boot_id[:8]}-{owner.pid}-{owner.starttime}"
+    return base / f"{owner.boot_id[:8]}-{owner.pid}-{owner.starttime}"
 
 
-def _purge_dead_sessions() -> None:
+def _purge_dead_sessions(base: Path = BASE, script: Path = ENGINE_SH) -> None:
     """Purge the engines of sessions that died without stopping theirs."""
-    if not BASE.is_dir():
+    if not base.is_dir():
         return
     boot = current_boot_id()
-    for d in BASE.iterdir():
+    for d in base.iterdir():
         try:
             prefix, pid, start = d.name.split("-")
             alive = prefix == boot[:8] and death(Owner(boot, int(pid), int(start))) is None
         except ValueError:
             alive = False
         if not alive:
-            done = run([str(ENGINE_SH), "purge", str(d)], check=False)
+            done = run([str(script), "purge", str(d)], check=False)
             if done.returncode != 0:
                 log.warning("could not purge the stale engine in %s: %s", d, done.stderr.strip())
 
@@ -81,13 +82,34 @@ def engine() -> Iterator[PrivateEngine]:
         run([str(ENGINE_SH), "purge", str(d)])
 
 
+@pytest.fixture(scope="session")
+def podman() -> Iterator[PrivatePodman]:
+    """A rootful podman of this session's own (support/podman.sh), serving the Docker API,
+    with the test image; purged at the end. Each session, so each xdist worker, has its
+    own, as with `engine`. Skipped only where podman is not installed (`make test`
+    installs it)."""
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman; `make deps` does)")
+    _purge_dead_sessions(PODMAN_BASE, PODMAN_SH)
+    d = _session_dir(owner_of(), PODMAN_BASE)
+    d.mkdir(parents=True, exist_ok=True)
+    socket = d / PrivatePodman.SOCKET
+    host = run([str(PODMAN_SH), "start", str(d), str(socket)]).stdout.strip()
+    client = docker.DockerClient(base_url=host)
+    try:
+        yield PrivatePodman(d, host, IMAGE, client)
+    finally:
+        client.close()
+        run([str(PODMAN_SH), "purge", str(d)])
+
+
 @pytest.fixture(autouse=True)
 def _engine_clean(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test that used the engine, remove what it left there."""
-    used = request.getfixturevalue("engine") if "engine" in request.fixturenames else None
+    """After each test that used the engine (or podman), remove what it left there."""
+    used = [request.getfixturevalue(f) for f in ("engine", "podman") if f in request.fixturenames]
     yield
-    if used is not None:
-        used.clean()
+    for one in used:
+        one.clean()
 
 
 # The files that take the longest (30 s to 5 min each in `make test`, its two passes side by
@@ -183,9 +205,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `-m "not engine"` then skips every test that needs Docker.
+    # `-m "not engine"` then skips every test that needs Docker (or podman).
     for item in items:
-        if "engine" in getattr(item, "fixturenames", ()):
+        if {"engine", "podman"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
     if this := config.getoption("suite_pass"):
         others = {name for p, names in ONE_PASS.items() if p != this for name in names}

@@ -40,7 +40,8 @@ class Engine(Protocol):
 
     def events(self, since: str, types: tuple[str, ...]) -> Events:
         """Create and destroy events of the `types` ("container", "volume", "network"),
-        from `since` (seconds since the epoch, to the ns) on. Not filtered by label: the
+        from `since` (seconds since the epoch, to the ns) on; a destroy's action is
+        "destroy", or podman's "remove". Not filtered by label: the
         engine's label filter reads an event's attributes, and those of a volume or a
         network carry no labels (a container's carry all of its own)."""
         ...

@@ -105,8 +105,9 @@ class Client:
 
     def events(self, since: str, types: tuple[str, ...]) -> Events:
         """Create and destroy events of the `types`, from `since` on (no label filter: a
-        volume's or network's events carry no labels for it to match)."""
-        filters = _filters(type=list(types), event=["create", "destroy"])
+        volume's or network's events carry no labels for it to match, and podman 4.3
+        answers one without a value with no event at all). podman's destroy is "remove"."""
+        filters = _filters(type=list(types), event=["create", "destroy", "remove"])
         url = self._url("/events", since=since, filters=filters)
         return Events(Stream(self._endpoint, url, self._timeout, endless=True))
 

@@ -1,6 +1,7 @@
 """The suite's private Docker engine as the tests drive it: its script (engine.sh), its
 test image, and the client, CLI and compose calls pointed at it. The `engine` fixture
-(tests/conftest.py) starts one per session."""
+(tests/conftest.py) starts one per session; the `podman` fixture a private rootful podman
+(podman.sh), driven the same way through its Docker API."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import docker.utils
 from support.procs import run
 
 ENGINE_SH = Path(__file__).with_name("engine.sh")
+PODMAN_SH = Path(__file__).with_name("podman.sh")
 IMAGE = "exitwatch-test/busybox:latest"
 BUILTIN_NETWORKS = {"bridge", "host", "none"}
 
@@ -46,9 +48,12 @@ class PrivateEngine:
     image: str
     client: docker.DockerClient
 
+    SCRIPT = ENGINE_SH  # what starts, stops and purges it
+    SOCKET = "docker.sock"  # its socket, in dir
+
     @property
     def socket(self) -> Path:
-        return self.dir / "docker.sock"
+        return self.dir / self.SOCKET
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment for the docker CLI and docker-compose, pointed at this engine."""
@@ -65,10 +70,10 @@ class PrivateEngine:
 
     def start(self) -> None:
         """Start it (again); it answers when this returns."""
-        run([str(ENGINE_SH), "start", str(self.dir), str(self.socket)])
+        run([str(self.SCRIPT), "start", str(self.dir), str(self.socket)])
 
     def stop(self) -> None:
-        run([str(ENGINE_SH), "stop", str(self.dir)])
+        run([str(self.SCRIPT), "stop", str(self.dir)])
 
     def clean(self) -> None:
         """Remove every container, network and volume, so that tests stay independent."""
@@ -88,3 +93,33 @@ class PrivateEngine:
         # older engines refuse that filter, and prune named ones too without it.
         everything = {"all": "true"} if docker.utils.version_gte(api.api_version, "1.42") else None
         api.prune_volumes(filters=everything)
+
+
+class PrivatePodman(PrivateEngine):
+    """A private rootful podman (podman.sh) driven through its Docker API, as PrivateEngine
+    drives dockerd; its service stops without its containers, which a start finds again."""
+
+    SCRIPT = PODMAN_SH
+    SOCKET = "podman.sock"
+
+    def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The podman CLI as a client of this service (podman --remote)."""
+        return run(["podman", "--url", self.host, *args], env=self.env(), check=check)
+
+    def podman_compose(
+        self, *args: str, cwd: Path, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """podman-compose, whose podman calls go to this service (CONTAINER_HOST, --remote)."""
+        env = self.env(CONTAINER_HOST=self.host)
+        argv = ["podman-compose", "--podman-args=--remote", *args]
+        return run(argv, env=env, cwd=cwd, check=check)
+
+    def clean(self) -> None:
+        """What PrivateEngine.clean removes, and every pod first (podman-compose's): a pod's
+        infra container goes only with its pod."""
+        try:
+            self.client.ping()
+        except docker.errors.DockerException:
+            self.start()
+        self.podman("pod", "rm", "--all", "--force")
+        super().clean()

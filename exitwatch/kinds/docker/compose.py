@@ -15,10 +15,15 @@ from datetime import datetime
 from typing import Any
 
 from exitwatch import procfs
+from exitwatch.contract import LABEL_COMPOSE_PROJECT
 from exitwatch.owner import Owner, current_boot_id
 
 LABEL_WORKING_DIR = "com.docker.compose.project.working_dir"
 LABEL_CONFIG_FILES = "com.docker.compose.project.config_files"
+# What names a project: docker compose's label, or podman-compose's. podman-compose (1.0.3
+# and on) puts both, and compose's working directory and config files labels, on what it
+# makes; a container, network or volume that bears podman's alone is of its project too.
+PROJECT_LABELS = (LABEL_COMPOSE_PROJECT, "io.podman.compose.project")
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
 # The most two readings of the boot time may differ before the wall clock counts as stepped
 # (or shifted): btime is rounded down to the second, and a leap second is one.
@@ -69,6 +74,15 @@ def unix_time(text: object) -> float | None:
     zone = "+00:00" if m[3] == "Z" else m[3]
     whole = datetime.fromisoformat(m[1] + zone).timestamp()
     return whole + (int(m[2]) / 10 ** len(m[2]) if m[2] else 0.0)
+
+
+def project_of(labels: dict[str, Any]) -> str | None:
+    """The compose project its labels name (PROJECT_LABELS, in order), or None."""
+    for key in PROJECT_LABELS:
+        name = labels.get(key)
+        if isinstance(name, str) and name:
+            return name
+    return None
 
 
 def instance(labels: dict[str, str]) -> tuple[str, str] | None:

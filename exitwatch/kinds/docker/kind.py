@@ -43,8 +43,10 @@ from exitwatch.owner import Owner
 log = logging.getLogger(__name__)
 
 KIND = "container"
-# What the events stream follows: the kind's three types of resource.
+# What the events stream follows: the kind's three types of resource, created or gone
+# (podman says "remove" where Docker says "destroy"; docs/engines.md).
 TYPES = (CONTAINER, VOLUME, NETWORK)
+GONE = ("destroy", "remove")
 
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 # Engine calls of removals at once (Config.engine_concurrency), over every removal job of
@@ -331,11 +333,13 @@ def _change(engine: api.Engine, event: dict[str, Any]) -> Change | None:
     type_, action = event.get("Type", CONTAINER), event.get("Action")
     actor = event.get("Actor") or {}
     ident, labels = actor.get("ID"), actor.get("Attributes") or {}
+    if type_ == VOLUME and not ident:  # podman 4.3 names a volume in its attributes alone
+        ident = labels.get("name")
     if not ident or not isinstance(ident, str) or type_ not in TYPES:
         return None
     if type_ == CONTAINER and (LABEL_OWNER not in labels or kept(labels)):
         return None
-    if action == "destroy":
+    if action in GONE:
         return Gone(KIND, key_of(type_, ident))
     if action != "create":
         return None

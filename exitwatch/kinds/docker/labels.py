@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, LABEL_OWNER_NAME, kept
+from exitwatch.contract import LABEL_OWNER, LABEL_OWNER_NAME, kept
 from exitwatch.kinds.base import Resource
+from exitwatch.kinds.docker.compose import project_of
 from exitwatch.owner import Owner, OwnerError
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def resource_of(kind: str, cid: str, name: str, labels: dict[str, str]) -> Resou
     owner = None if kept(labels) else owner_from(cid, name, labels, "skipped")
     if owner is None:
         return None
-    project = labels.get(LABEL_COMPOSE_PROJECT) or None
+    project = project_of(labels)
     about = str(labels.get(LABEL_OWNER_NAME, ""))
     return Resource(kind, cid, owner, name, project, owner_name=about)
 
@@ -73,6 +74,6 @@ def other_of(kind: str, type_: str, listed: dict[str, Any]) -> Resource | None:
     owner = None if kept(labels) else _owner(name, labels, "skipped")
     if owner is None:
         return None
-    project = labels.get(LABEL_COMPOSE_PROJECT) or None
+    project = project_of(labels)
     about = str(labels.get(LABEL_OWNER_NAME, ""))
     return Resource(kind, key_of(type_, ident), owner, name, project, owner_name=about)

@@ -8,7 +8,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
+from exitwatch.contract import LABEL_OWNER, kept
 from exitwatch.engine.api import Engine
 from exitwatch.engine.client import ENGINE_ERRORS
 from exitwatch.engine.errors import describe
@@ -16,6 +16,7 @@ from exitwatch.kinds.base import Outcome
 from exitwatch.kinds.docker import compose
 from exitwatch.kinds.docker.attempts import attempt, name_of
 from exitwatch.kinds.docker.labels import NETWORK, VOLUME, key_of
+from exitwatch.kinds.docker.projects import members
 from exitwatch.owner import Owner, OwnerError, death
 
 
@@ -32,10 +33,9 @@ def of_project(
     the network is older than the owner (compose.py), is labelled exitwatch.keep=true, or
     with another owner who lives. `keys`: the Resource keys of the job, which its
     outcomes name."""
-    label = f"{LABEL_COMPOSE_PROJECT}={project}"
     try:
-        nets = engine.networks(label)
-        listed = [] if dry_run else engine.containers(label)
+        nets = members(engine.networks, project)
+        listed = [] if dry_run else members(engine.containers, project)
     except ENGINE_ERRORS as err:
         why = f"listing compose project {project}: {describe(err)}"
         return [Outcome.failed(f"networks of compose project {project}", "network", why)]
@@ -108,7 +108,7 @@ def labelled(
             }
             if key_of(kind, item[key]) in keys:
                 about["key"] = key_of(kind, item[key])
-            project = labels.get(LABEL_COMPOSE_PROJECT)
+            project = compose.project_of(labels)
             why = None
             if project in held:
                 why = f"compose project {project} was not removed as a whole"

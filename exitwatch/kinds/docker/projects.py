@@ -6,9 +6,10 @@ nothing."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
-from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER, kept
+from exitwatch.contract import LABEL_OWNER, kept
 from exitwatch.engine.api import Engine
 from exitwatch.engine.client import ENGINE_ERRORS
 from exitwatch.engine.errors import describe
@@ -27,6 +28,18 @@ def container(cid: str, name: str, project: str | None) -> dict[str, Any]:
     return {"what": f"container {cid[:12]} ({name})", "kind": KIND, "extra": extra}
 
 
+def members(listing: Callable[[str], list[dict[str, Any]]], project: str) -> list[dict[str, Any]]:
+    """What `listing` (the engine's containers or networks) gives of `project` under either
+    of its labels (compose.PROJECT_LABELS), once each, and only what its labels name as of
+    it: one whose labels name two projects is of the first's."""
+    found: dict[str, dict[str, Any]] = {}
+    for key in compose.PROJECT_LABELS:
+        for item in listing(f"{key}={project}"):
+            if compose.project_of(item.get("Labels") or {}) == project:
+                found.setdefault(item["Id"], item)
+    return list(found.values())
+
+
 def plan(
     engine: Engine, owner: Owner, project: str, given: list[Resource], since: float | str
 ) -> tuple[dict[str, str], bool, list[Outcome]]:
@@ -35,7 +48,7 @@ def plan(
     container without its labels, or a live runner may have joined the project. `given`:
     the owner's containers of it that the index held; `since`: compose.started_at."""
     try:
-        listed = engine.containers(f"{LABEL_COMPOSE_PROJECT}={project}")
+        listed = members(engine.containers, project)
     except ENGINE_ERRORS as err:
         why = f"listing compose project {project}: {describe(err)}"
         failed = [Outcome.failed(detail=why, **container(r.key, r.name, project)) for r in given]

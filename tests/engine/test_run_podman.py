@@ -1,0 +1,191 @@
+"""The podman CLI under `exitwatch run`, with the private rootful podman (the `podman`
+fixture): CONTAINER_HOST gets a socket of the run's, and what `podman --remote` makes
+there (containers, pods, networks, volumes) is labelled, and goes when the run ends, or,
+the wrapper SIGKILLed, when the agent reaps it; what cannot be labelled is refused with a
+line the CLI shows; and the CLI's other commands answer through the proxy as they do
+directly. unit/test_proxy_libpod.py has the rules alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from exitwatch.contract import LABEL_OWNER
+from exitwatch.owner import owner_of
+
+from support.agentproc import GONE_DEADLINE, running
+from support.procs import wait_for
+from support.wrapper import RUN, env_for, run
+
+# What a runner's podman calls make, then a line, then a wait on stdin.
+MAKES = r"""
+podman run -d --name made -v namedvol:/data $IMAGE >/dev/null
+podman pod create --name madepod >/dev/null
+podman run -d --pod madepod --name inpod $IMAGE >/dev/null
+podman network create madenet >/dev/null
+podman volume create madevol >/dev/null
+podman network create --label exitwatch.keep=true keptnet >/dev/null
+echo "$CONTAINER_HOST"
+read x
+"""
+
+
+def _env(bases: Path, podman, docker_too: bool) -> dict[str, str]:
+    """A caller whose CONTAINER_HOST is the podman service; its DOCKER_HOST the same
+    service (one socket of the run's for both) or none (a second socket)."""
+    env = env_for(bases, podman if docker_too else None, IMAGE=podman.image)
+    return env | {"CONTAINER_HOST": podman.host}
+
+
+def _labels(podman, what: str, *args: str) -> dict[str, dict[str, str]]:
+    """name -> labels of every `what` (ps, pod ps, network ls, volume ls) on the service."""
+    out = podman.podman(what, *args, "--format", "json").stdout
+    name = {"ps": "Names", "pod": "Name", "network": "name", "volume": "Name"}[what]
+    found = {}
+    for item in json.loads(out or "[]"):
+        key = item[name][0] if what == "ps" else item[name]
+        found[key] = item.get("Labels") or item.get("labels") or {}
+    return found
+
+
+def _all(podman) -> dict[str, dict[str, dict[str, str]]]:
+    return {
+        "containers": _labels(podman, "ps", "-a"),
+        "pods": _labels(podman, "pod", "ps"),
+        "networks": _labels(podman, "network", "ls"),
+        "volumes": _labels(podman, "volume", "ls"),
+    }
+
+
+def _owned(everything: dict[str, dict[str, dict[str, str]]]) -> dict[str, set[str]]:
+    return {
+        kind: {n for n, labels in items.items() if LABEL_OWNER in labels}
+        for kind, items in everything.items()
+    }
+
+
+OWNED = {
+    # The pod's infra container takes the pod's labels (its name is added: _infra).
+    "containers": {"made", "inpod"},
+    "pods": {"madepod"},
+    "networks": {"madenet"},
+    "volumes": {"namedvol", "madevol"},
+}
+
+
+def _start(bases: Path, podman, docker_too: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*RUN, "--", "sh", "-c", MAKES],
+        env=_env(bases, podman, docker_too),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _owned_with_infra(podman) -> dict[str, set[str]]:
+    """OWNED, with the name of madepod's infra container (podman names it by the pod's id)."""
+    pod = json.loads(podman.podman("pod", "inspect", "madepod").stdout)
+    pod = pod[0] if isinstance(pod, list) else pod
+    return OWNED | {"containers": OWNED["containers"] | {f"{pod['Id'][:12]}-infra"}}
+
+
+def test_what_podman_makes_is_labelled_and_goes_with_the_run(podman, bases) -> None:
+    for docker_too in (False, True):
+        proc = _start(bases, podman, docker_too)
+        served = proc.stdout.readline().strip()
+        assert served.startswith(f"unix://{bases}/"), proc.stderr.read()
+        # One socket for both where DOCKER_HOST is the same service, else one each.
+        sock = "docker.sock" if docker_too else "podman.sock"
+        assert served.endswith(f"/{sock}")
+        owner = str(owner_of(proc.pid))
+        everything = _all(podman)
+        assert _owned(everything) == _owned_with_infra(podman)
+        assert {
+            labels[LABEL_OWNER]
+            for items in everything.values()
+            for labels in items.values()
+            if LABEL_OWNER in labels
+        } == {owner}
+        assert LABEL_OWNER not in everything["networks"]["keptnet"]
+        _, err = proc.communicate("\n", timeout=120)
+        assert proc.returncode == 0, err
+        assert "exitwatch run" not in err  # nothing it could not remove
+        assert _owned(_all(podman)) == {kind: set() for kind in OWNED}
+        assert "keptnet" in _all(podman)["networks"]
+        podman.podman("network", "rm", "keptnet")
+        assert list(bases.iterdir()) == []
+
+
+def test_the_agent_reaps_a_sigkilled_run_s_pods_containers_networks_volumes(
+    podman, workroot, tmp_path
+) -> None:
+    with running(podman, workroot, tmp_path / "agent.log") as agent:
+        proc = _start(workroot, podman, docker_too=True)
+        assert proc.stdout.readline().strip(), proc.stderr.read()
+        assert _owned(_all(podman)) == _owned_with_infra(podman)
+        agent.wait_holding(proc.pid, containers=3, workdirs=2)
+        proc.kill()
+        proc.wait()
+
+        def reaped() -> bool:
+            return _owned(_all(podman)) == {k: set() for k in OWNED} and not list(
+                workroot.iterdir()
+            )
+
+        wait_for(reaped, timeout=GONE_DEADLINE, what="the killed run's podman resources reaped")
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_kube_play_is_refused_with_a_line_the_cli_shows(podman, bases, tmp_path) -> None:
+    kube = tmp_path / "pod.yaml"
+    kube.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kubepod\nspec:\n  containers:\n"
+        f"  - name: c\n    image: {podman.image}\n"
+    )
+    for verb in (["kube", "play"], ["play", "kube"]):
+        done = run(["--", "podman", *verb, str(kube)], _env(bases, podman, docker_too=True))
+        assert done.returncode == 125, done.stderr
+        assert "Error: exitwatch: podman kube play is refused here" in done.stderr
+        assert _all(podman)["pods"] == {}
+        assert "kubepod-c" not in _all(podman)["containers"]
+
+
+# The same podman commands, directly and through the run's socket, on a container made
+# directly: their outputs must be the same (streams, exec, attach, logs, events).
+SAME = r"""
+podman ps -a --filter name=fixed --format '{{.Names}} {{.Command}} {{.Image}}'
+podman inspect --format '{{.Name}} {{.Config.Cmd}} {{.State.Running}}' fixed
+podman logs fixed
+podman exec fixed sh -c 'echo exec-out; echo exec-err >&2; exit 3'; echo "exec: $?"
+echo stdin-data | podman exec -i fixed cat
+podman run --rm $IMAGE sh -c 'echo attached; echo attached-err >&2; exit 4'; echo "run: $?"
+echo piped | podman run --rm -i $IMAGE cat
+podman events --stream=false --since "$SINCE" --filter container=fixed --format '{{.Status}}' |
+    grep -v exec  # each run's own execs come after its start
+podman top fixed pid args | wc -l
+"""
+
+
+def test_the_podman_cli_answers_through_the_run_as_directly(podman, bases) -> None:
+    since = time.time() - 1
+    podman.podman(
+        "run", "-d", "--name", "fixed", podman.image, "sh", "-c",
+        "echo out1; echo err1 >&2; exec sleep 1000",
+    )  # fmt: skip
+    wait_for(lambda: "out1" in podman.podman("logs", "fixed").stdout, what="fixed's first line")
+    env = _env(bases, podman, docker_too=False) | {"SINCE": f"{since:.0f}"}
+    direct = subprocess.run(
+        ["sh", "-c", SAME], env=env, capture_output=True, text=True, timeout=120
+    )
+    proxied = run(["--", "sh", "-c", SAME], env)
+    assert proxied.returncode == direct.returncode == 0, proxied.stderr
+    assert "exec-out\nexec: 3\nstdin-data\nattached\nrun: 4\npiped\n" in direct.stdout
+    assert "\ncreate\ninit\nstart\n" in direct.stdout  # fixed's events
+    assert proxied.stdout == direct.stdout
+    assert proxied.stderr == direct.stderr
+    assert "attached-err" in direct.stderr and "exec-err" in direct.stderr

@@ -13,6 +13,7 @@ import subprocess
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
 
+from support import podmancli
 from support.adopt import adopting
 from support.agentproc import GONE_DEADLINE, running
 from support.procs import wait_for
@@ -87,3 +88,21 @@ def test_podman_clients_a_rule_matches_are_reaped_and_others_left_alone(
             if ruled.poll() is None:
                 ruled.kill()
                 ruled.wait()
+
+
+def test_the_podman_cli_answers_through_adopt_as_directly(podman, tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "CONTAINER_"))}
+    env |= podmancli.fixed(podman)
+    with adopting(podman, (RULE,), logs=tmp_path) as adopt:
+        results = []
+        for host in (podman.host, f"unix://{adopt.listen}"):
+            results.append(
+                subprocess.run(
+                    ["sh", "-c", podmancli.SAME, "exitwatch-rule-a"],  # a rule's: labelled
+                    env=env | {"CONTAINER_HOST": host},
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+            )
+    podmancli.assert_same(*results)

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import owner_of
 
+from support import podmancli
 from support.agentproc import GONE_DEADLINE, running
 from support.procs import wait_for
 from support.wrapper import RUN, env_for, run
 
 # What a runner's podman calls make, then a line, then a wait on stdin.
 MAKES = r"""
-podman run -d --name made -v namedvol:/data $IMAGE >/dev/null
+podman run -d --name made -v namedvol:/data -v pre:/p $IMAGE >/dev/null
 podman pod create --name madepod >/dev/null
 podman run -d --pod madepod --name inpod $IMAGE >/dev/null
 podman network create madenet >/dev/null
@@ -94,6 +94,7 @@ def _owned_with_infra(podman) -> dict[str, set[str]]:
 
 
 def test_what_podman_makes_is_labelled_and_goes_with_the_run(podman, bases) -> None:
+    podman.podman("volume", "create", "pre")  # the run mounts it: it stays, unlabelled
     for docker_too in (False, True):
         proc = _start(bases, podman, docker_too)
         served = proc.stdout.readline().strip()
@@ -115,7 +116,8 @@ def test_what_podman_makes_is_labelled_and_goes_with_the_run(podman, bases) -> N
         assert proc.returncode == 0, err
         assert "exitwatch run" not in err  # nothing it could not remove
         assert _owned(_all(podman)) == {kind: set() for kind in OWNED}
-        assert "keptnet" in _all(podman)["networks"]
+        left = _all(podman)
+        assert "keptnet" in left["networks"] and left["volumes"] == {"pre": {}}
         podman.podman("network", "rm", "keptnet")
         assert list(bases.iterdir()) == []
 
@@ -123,6 +125,7 @@ def test_what_podman_makes_is_labelled_and_goes_with_the_run(podman, bases) -> N
 def test_the_agent_reaps_a_sigkilled_run_s_pods_containers_networks_volumes(
     podman, workroot, tmp_path
 ) -> None:
+    podman.podman("volume", "create", "pre")
     with running(podman, workroot, tmp_path / "agent.log") as agent:
         proc = _start(workroot, podman, docker_too=True)
         assert proc.stdout.readline().strip(), proc.stderr.read()
@@ -137,6 +140,7 @@ def test_the_agent_reaps_a_sigkilled_run_s_pods_containers_networks_volumes(
             )
 
         wait_for(reaped, timeout=GONE_DEADLINE, what="the killed run's podman resources reaped")
+        assert _all(podman)["volumes"] == {"pre": {}}
         proc.stdout.close()
         proc.stderr.close()
 
@@ -155,37 +159,10 @@ def test_kube_play_is_refused_with_a_line_the_cli_shows(podman, bases, tmp_path)
         assert "kubepod-c" not in _all(podman)["containers"]
 
 
-# The same podman commands, directly and through the run's socket, on a container made
-# directly: their outputs must be the same (streams, exec, attach, logs, events).
-SAME = r"""
-podman ps -a --filter name=fixed --format '{{.Names}} {{.Command}} {{.Image}}'
-podman inspect --format '{{.Name}} {{.Config.Cmd}} {{.State.Running}}' fixed
-podman logs fixed
-podman exec fixed sh -c 'echo exec-out; echo exec-err >&2; exit 3'; echo "exec: $?"
-echo stdin-data | podman exec -i fixed cat
-podman run --rm $IMAGE sh -c 'echo attached; echo attached-err >&2; exit 4'; echo "run: $?"
-echo piped | podman run --rm -i $IMAGE cat
-podman events --stream=false --since "$SINCE" --filter container=fixed --format '{{.Status}}' |
-    grep -v exec  # each run's own execs come after its start
-podman top fixed pid args | wc -l
-"""
-
-
 def test_the_podman_cli_answers_through_the_run_as_directly(podman, bases) -> None:
-    since = time.time() - 1
-    podman.podman(
-        "run", "-d", "--name", "fixed", podman.image, "sh", "-c",
-        "echo out1; echo err1 >&2; exec sleep 1000",
-    )  # fmt: skip
-    wait_for(lambda: "out1" in podman.podman("logs", "fixed").stdout, what="fixed's first line")
-    env = _env(bases, podman, docker_too=False) | {"SINCE": f"{since:.0f}"}
+    env = _env(bases, podman, docker_too=False) | podmancli.fixed(podman)
     direct = subprocess.run(
-        ["sh", "-c", SAME], env=env, capture_output=True, text=True, timeout=120
+        ["sh", "-c", podmancli.SAME], env=env, capture_output=True, text=True, timeout=120
     )
-    proxied = run(["--", "sh", "-c", SAME], env)
-    assert proxied.returncode == direct.returncode == 0, proxied.stderr
-    assert "exec-out\nexec: 3\nstdin-data\nattached\nrun: 4\npiped\n" in direct.stdout
-    assert "\ncreate\ninit\nstart\n" in direct.stdout  # fixed's events
-    assert proxied.stdout == direct.stdout
-    assert proxied.stderr == direct.stderr
-    assert "attached-err" in direct.stderr and "exec-err" in direct.stderr
+    proxied = run(["--", "sh", "-c", podmancli.SAME], env)
+    podmancli.assert_same(direct, proxied)

@@ -166,3 +166,33 @@ def test_the_podman_cli_answers_through_the_run_as_directly(podman, bases) -> No
     )
     proxied = run(["--", "sh", "-c", podmancli.SAME], env)
     podmancli.assert_same(direct, proxied)
+
+
+def test_a_pod_that_holds_a_live_owner_s_container_stays_whole(podman, bases) -> None:
+    live = str(owner_of())  # this test's process: alive
+    script = (
+        "podman pod create --name shared >/dev/null && podman run -d --pod shared --name mine "
+        "$IMAGE >/dev/null && echo made && read x"
+    )
+    proc = subprocess.Popen(
+        [*RUN, "--", "sh", "-c", script],
+        env=_env(bases, podman, docker_too=True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "made\n", proc.stderr.read()
+    # Another owner's container, alive, joins the run's pod directly.
+    podman.podman("run", "-d", "--pod", "shared", "--name", "theirs", "--label",
+                  f"{LABEL_OWNER}={live}", podman.image)  # fmt: skip
+    _, err = proc.communicate("\n", timeout=120)
+    assert proc.returncode == 0, err
+    said = [line for line in err.splitlines() if "left in place" in line]
+    why = f"it holds container theirs of live owner {live}"
+    assert f"exitwatch run: pod shared left in place: {why}" in said, err
+    assert any(f"left in place: the infra container of pod shared: {why}" in s for s in said)
+    left = _all(podman)
+    # The run's own container went; the pod, its infra container and theirs stay.
+    assert "mine" not in left["containers"] and "theirs" in left["containers"]
+    assert set(left["pods"]) == {"shared"} and len(left["containers"]) == 2

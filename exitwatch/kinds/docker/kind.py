@@ -304,7 +304,12 @@ class Containers(ResourceKind):
             return Outcome(ok=ok, detail=detail, **_container(cid, name, project))
 
         # Podman's pods first: their infra containers go only with them.
-        outcomes += pods.labelled(self._engine, owner, dry_run)
+        podded = pods.labelled(self._engine, owner, dry_run)
+        outcomes += podded.outcomes
+        for r in boxes:
+            if r.key in podded.spared:
+                outcomes.append(self.refused(r, podded.spared.pop(r.key)))
+                doomed.pop(r.key, None)
         if doomed:
             outcomes += self._removers.map(one, doomed.items())
         keys = {r.key for r in mine}

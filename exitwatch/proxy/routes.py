@@ -204,11 +204,19 @@ def build_target(target: bytes) -> bytes:
     """`target` of a POST /build with forcerm=1 first in its query, so that the legacy
     builder removes its intermediate containers always, a failed step's and an interrupted
     build's included, whatever `rm` the client sent (docker-py sends rm=False by default):
-    the build API labels only the image, so a container it kept would have no owner. The
-    engine reads the first value of a parameter, so a forcerm of the client's own comes too
-    late, and forcerm implies rm."""
+    the build API labels only the image, so a container it kept would have no owner;
+    forcerm implies rm. A forcerm of the client's own is dropped: moby reads the first
+    value of the key "forcerm", but podman (gorilla/schema) the last, of any key that
+    folds to it, in no set order."""
     path, sep, query = target.partition(b"?")
-    return path + b"?forcerm=1" + (b"&" + query if sep else b"")
+    kept = [p for p in query.split(b"&") if not _forcerm(p)] if sep else []
+    return path + b"?forcerm=1" + b"".join(b"&" + p for p in kept)
+
+
+def _forcerm(part: bytes) -> bool:
+    """Whether a query's `part` sets forcerm as either engine reads its key (decoded)."""
+    key = part.split(b"=", 1)[0].decode("latin-1")
+    return unquote_plus(key, encoding="latin-1").lower() == "forcerm"
 
 
 def _shown(target: bytes) -> str:

@@ -196,3 +196,25 @@ def test_a_pod_that_holds_a_live_owner_s_container_stays_whole(podman, bases) ->
     # The run's own container went; the pod, its infra container and theirs stay.
     assert "mine" not in left["containers"] and "theirs" in left["containers"]
     assert set(left["pods"]) == {"shared"} and len(left["containers"]) == 2
+
+
+def test_a_podman_build_s_failed_step_leaves_no_container_through_the_run(
+    podman, bases, tmp_path
+) -> None:
+    (tmp_path / "Dockerfile").write_text(f"FROM {podman.image}\nRUN false\n")
+    build = ["podman", "build", "--rm=false", "--force-rm=false", str(tmp_path)]
+
+    def working() -> list[str]:  # buildah's containers: podman lists them as external
+        out = podman.podman("ps", "-a", "--external", "--format", "{{.ID}} {{.Names}}").stdout
+        return [line for line in out.splitlines() if "working-container" in line]
+
+    env = _env(bases, podman, docker_too=False)
+    direct = subprocess.run(build, env=env, capture_output=True, text=True, timeout=120)
+    assert direct.returncode != 0 and 'STEP "RUN false"' in direct.stderr, direct.stderr
+    left = working()
+    assert len(left) == 1, left  # kept, as asked: directly, nobody's
+    podman.podman("rm", "-f", left[0].split()[0])
+    proxied = run(["--", *build], env)
+    assert proxied.returncode == direct.returncode, proxied.stderr
+    assert 'STEP "RUN false"' in proxied.stderr
+    assert working() == []  # forcerm=1, whatever the client asked

@@ -78,11 +78,18 @@ def _send(
 
 def request(endpoint: Endpoint, method: str, url: str, timeout: float) -> bytes:
     """The whole body of one call's 2xx answer. Raises as _send does."""
-    conn, answer = _send(endpoint, method, url, timeout)
+    return answer(endpoint, method, url, timeout)[1]
+
+
+def answer(
+    endpoint: Endpoint, method: str, url: str, timeout: float
+) -> tuple[http.client.HTTPMessage, bytes]:
+    """The headers and the whole body of one call's 2xx answer. Raises as _send does."""
+    conn, got = _send(endpoint, method, url, timeout)
     try:
-        return _cut_short(answer.read)
+        return got.headers, _cut_short(got.read)
     finally:
-        _release(conn, answer)
+        _release(conn, got)
 
 
 class Stream:

@@ -1,5 +1,6 @@
 """What the tests share, imported as `from support.procs import ...` (tests/conftest.py
 puts tests/ on sys.path): real processes (procs), real agent processes and the container
-helpers of the end-to-end tests (agentproc), the private engine (engine, engine.sh), the
+helpers of the end-to-end tests (agentproc), the private engines (engine; engine.sh for
+dockerd, podman.sh for a rootful podman, enginelib.sh what both source), the
 unprivileged user (users), tools and runners from PyPI (tools, runners), and the one fake
 resource kind of the unit tests (things)."""

@@ -106,13 +106,18 @@ class PrivatePodman(PrivateEngine):
         """The podman CLI as a client of this service (podman --remote)."""
         return run(["podman", "--url", self.host, *args], env=self.env(), check=check)
 
+    def local(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """podman itself on this engine's storage, its service running or not (podman.sh)."""
+        return run([str(self.SCRIPT), "podman", str(self.dir), *args])
+
     def podman_compose(
         self, *args: str, cwd: Path, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        """podman-compose, whose podman calls go to this service (CONTAINER_HOST, --remote)."""
+        """podman-compose, whose podman calls go to this service: CONTAINER_HOST makes
+        podman a remote client (podman-compose's --podman-args go after the subcommand,
+        where podman takes no global option)."""
         env = self.env(CONTAINER_HOST=self.host)
-        argv = ["podman-compose", "--podman-args=--remote", *args]
-        return run(argv, env=env, cwd=cwd, check=check)
+        return run(["podman-compose", *args], env=env, cwd=cwd, check=check)
 
     def clean(self) -> None:
         """What PrivateEngine.clean removes, and every pod first (podman-compose's): a pod's

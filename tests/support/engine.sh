@@ -23,45 +23,24 @@
 # EXITWATCH_TEST_BRIDGE=NAME gives it a default bridge network on the existing bridge NAME
 # (with an IPv4 address) instead of none, for runners that `docker run --network bridge`.
 #
-# The test image, exitwatch-test/busybox:latest, needs no registry: a rootfs of busybox-static
-# and its applet links in /bin, imported with `docker import`. Its default command sleeps
-# forever but, unlike a bare `sleep infinity` as pid 1, ends on SIGTERM: a 10 s stop timeout
-# per container would otherwise slow down every `docker stop` and every engine stop.
+# The test image, exitwatch-test/busybox:latest (enginelib.sh), is imported with `docker import`.
 set -eu
+# shellcheck source=tests/support/enginelib.sh
+. "$(dirname "$0")/enginelib.sh"
 
-IMAGE=exitwatch-test/busybox:latest
 DEFAULT_SOCKET=/run/exitwatch-test/docker.sock
 START_DEADLINE=60   # seconds; dockerd on a loaded 2-core VM can take a while
 STOP_DEADLINE=30
 
 die() { echo "engine.sh: $*" >&2; exit 1; }
 
-# Whether pid $1 is a live process named $2 (default dockerd). A zombie has exited, and where
-# nobody reaps it, it keeps its pid; an unrelated process may have been given the pid of a
-# dockerd that died long ago.
-is_live() {
-    local stat
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "${2:-dockerd}" ] || return 1
-    stat=${stat##*) }
-    case ${stat%% *} in Z | X | x) return 1 ;; esac
-}
-
 running_pid() {
     local pid
     pid=$(cat "$1/dockerd.pid" 2>/dev/null) || return 1
-    is_live "$pid" && echo "$pid"
+    is_live "$pid" dockerd && echo "$pid"
 }
 
 answers() { DOCKER_HOST=$1 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
-
-wait_gone() {   # pid deadline-seconds
-    local end=$((SECONDS + $2))
-    while is_live "$1"; do
-        [ "$SECONDS" -lt "$end" ] || return 1
-        sleep 0.1
-    done
-}
 
 start() {
     local dir=$1 socket=${2:-$DEFAULT_SOCKET} host pid end containerd
@@ -106,7 +85,7 @@ start() {
 
     end=$((SECONDS + START_DEADLINE))
     until answers "$host"; do
-        if ! is_live "$pid" || [ "$SECONDS" -ge "$end" ]; then
+        if ! is_live "$pid" dockerd || [ "$SECONDS" -ge "$end" ]; then
             tail -n 15 "$dir/dockerd.log" >&2 || true
             die "dockerd did not answer on $socket within ${START_DEADLINE}s (log: $dir/dockerd.log)"
         fi
@@ -126,13 +105,13 @@ stop() {
     nets=$(timeout 5 docker -H "$(cat "$dir/host" 2>/dev/null)" network ls -q --no-trunc \
         --filter driver=bridge 2>/dev/null) || nets=
     kill -TERM "$pid" 2>/dev/null || true
-    if ! wait_gone "$pid" "$STOP_DEADLINE"; then
+    if ! wait_gone "$pid" dockerd "$STOP_DEADLINE"; then
         echo "engine.sh: dockerd $pid ignored SIGTERM for ${STOP_DEADLINE}s; sending SIGKILL" >&2
         kill -KILL "$pid" 2>/dev/null || true
         # dockerd started this containerd and no longer can stop it.
         containerd=$(cat "$dir/exec/containerd/containerd.pid" 2>/dev/null) || containerd=
         [ -n "$containerd" ] && kill -KILL "$containerd" 2>/dev/null || true
-        wait_gone "$pid" 10 || die "dockerd $pid survived SIGKILL"
+        wait_gone "$pid" dockerd 10 || die "dockerd $pid survived SIGKILL"
     fi
     rm -f "$dir/dockerd.pid"
     for net in $nets; do
@@ -153,23 +132,11 @@ purge() {
 }
 
 image() {
-    local dir=$1 rootfs applet
+    local dir=$1
     export DOCKER_HOST
     DOCKER_HOST=$(cat "$dir/host" 2>/dev/null) || die "no engine was started in $dir"
     docker image inspect "$IMAGE" >/dev/null 2>&1 && return 0
-    rootfs=$(mktemp -d)
-    # shellcheck disable=SC2064  # expand now: rootfs is local
-    trap "rm -rf '$rootfs'" EXIT
-    mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/etc"
-    cp /bin/busybox "$rootfs/bin/busybox"
-    for applet in $(/bin/busybox --list); do
-        [ "$applet" = busybox ] || ln -s busybox "$rootfs/bin/$applet"
-    done
-    echo 'root:x:0:0:root:/:/bin/sh' >"$rootfs/etc/passwd"
-    tar -C "$rootfs" -c . | docker import \
-        --change 'ENV PATH=/bin' \
-        --change 'CMD ["sh", "-c", "trap \"exit 0\" TERM; sleep infinity & wait"]' \
-        - "$IMAGE" >/dev/null
+    image_tar | docker import "${IMAGE_CHANGES[@]}" - "$IMAGE" >/dev/null
 }
 
 case ${1-} in

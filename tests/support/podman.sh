@@ -11,6 +11,9 @@
 #       them again.
 #   tests/support/podman.sh image DIR
 #       import the test image unless it is there
+#   tests/support/podman.sh podman DIR ARGS...
+#       run podman ARGS itself on DIR's storage and network namespace, the service running
+#       or not (what a client of the service would see, made while it was away)
 #   tests/support/podman.sh purge DIR
 #       remove every container, pod, network and volume, stop the service, end the conmons
 #       left, unmount what it left mounted, remove DIR
@@ -36,40 +39,23 @@
 # The hard rlimits on the suite's machines are below podman's defaults for containers (no
 # container would start): default_ulimits in containers.conf lowers them.
 #
-# The test image, exitwatch-test/busybox:latest, is engine.sh's (busybox-static and its
-# applet links, imported; its command ends on SIGTERM), imported with `podman import`.
+# The test image, exitwatch-test/busybox:latest (enginelib.sh), is imported with `podman import`.
 set -eu
+# shellcheck source=tests/support/enginelib.sh
+. "$(dirname "$0")/enginelib.sh"
 
-IMAGE=exitwatch-test/busybox:latest
 START_DEADLINE=60 # seconds
 STOP_DEADLINE=30
 
 die() { echo "podman.sh: $*" >&2; exit 1; }
 
-# Whether pid $1 is a live process named $2 (default podman): not a zombie, not a pid reused.
-is_live() {
-    local stat
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    [ "$(cat "/proc/$1/comm" 2>/dev/null)" = "${2:-podman}" ] || return 1
-    stat=${stat##*) }
-    case ${stat%% *} in Z | X | x) return 1 ;; esac
-}
-
 running_pid() {
     local pid
     pid=$(cat "$1/podman.pid" 2>/dev/null) || return 1
-    is_live "$pid" && echo "$pid"
+    is_live "$pid" podman && echo "$pid"
 }
 
 answers() { curl -sf --max-time 5 --unix-socket "$1" http://d/_ping >/dev/null 2>&1; }
-
-wait_gone() { # pid deadline-seconds
-    local end=$((SECONDS + $2))
-    while is_live "$1"; do
-        [ "$SECONDS" -lt "$end" ] || return 1
-        sleep 0.1
-    done
-}
 
 # The netns is a bind mount of an nsfs inode on DIR/netns; a plain file there is none.
 has_netns() { [ "$(stat -f -c %T "$1/netns" 2>/dev/null)" = nsfs ]; }
@@ -147,7 +133,7 @@ start() {
 
     end=$((SECONDS + START_DEADLINE))
     until answers "$socket"; do
-        if ! is_live "$pid" || [ "$SECONDS" -ge "$end" ]; then
+        if ! is_live "$pid" podman || [ "$SECONDS" -ge "$end" ]; then
             tail -n 15 "$dir/podman.log" >&2 || true
             die "podman did not answer on $socket within ${START_DEADLINE}s (log: $dir/podman.log)"
         fi
@@ -161,10 +147,10 @@ stop() {
     local dir=$1 pid
     pid=$(running_pid "$dir") || { rm -f "$dir/podman.pid"; return 0; }
     kill -TERM "$pid" 2>/dev/null || true
-    if ! wait_gone "$pid" "$STOP_DEADLINE"; then
+    if ! wait_gone "$pid" podman "$STOP_DEADLINE"; then
         echo "podman.sh: podman $pid ignored SIGTERM for ${STOP_DEADLINE}s; sending SIGKILL" >&2
         kill -KILL "$pid" 2>/dev/null || true
-        wait_gone "$pid" 10 || die "podman $pid survived SIGKILL"
+        wait_gone "$pid" podman 10 || die "podman $pid survived SIGKILL"
     fi
     rm -f "$dir/podman.pid"
 }
@@ -200,23 +186,11 @@ purge() {
 }
 
 image() {
-    local dir rootfs applet
+    local dir
     dir=$(cd "$1" && pwd)
     [ -f "$dir/containers.conf" ] || die "no podman was started in $dir"
     pod "$dir" image exists "$IMAGE" && return 0
-    rootfs=$(mktemp -d)
-    # shellcheck disable=SC2064  # expand now: rootfs is local
-    trap "rm -rf '$rootfs'" EXIT
-    mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/etc"
-    cp /bin/busybox "$rootfs/bin/busybox"
-    for applet in $(/bin/busybox --list); do
-        [ "$applet" = busybox ] || ln -s busybox "$rootfs/bin/$applet"
-    done
-    echo 'root:x:0:0:root:/:/bin/sh' >"$rootfs/etc/passwd"
-    tar -C "$rootfs" -c . | pod "$dir" import --quiet \
-        --change 'ENV PATH=/bin' \
-        --change 'CMD ["sh", "-c", "trap \"exit 0\" TERM; sleep infinity & wait"]' \
-        - "$IMAGE" >/dev/null
+    image_tar | pod "$dir" import --quiet "${IMAGE_CHANGES[@]}" - "$IMAGE" >/dev/null
 }
 
 case ${1-} in
@@ -224,5 +198,12 @@ case ${1-} in
     stop) [ $# -eq 2 ] || die "usage: $0 stop DIR"; stop "$2" ;;
     image) [ $# -eq 2 ] || die "usage: $0 image DIR"; image "$2" ;;
     purge) [ $# -eq 2 ] || die "usage: $0 purge DIR"; purge "$2" ;;
-    *) die "usage: $0 start DIR [SOCKET] | stop DIR | image DIR | purge DIR" ;;
+    podman)
+        [ $# -ge 3 ] || die "usage: $0 podman DIR ARGS..."
+        [ -f "$2/containers.conf" ] || die "no podman was started in $2"
+        dir=$(cd "$2" && pwd)
+        shift 2
+        pod "$dir" "$@"
+        ;;
+    *) die "usage: $0 start DIR [SOCKET] | stop DIR | image DIR | podman DIR ARGS... | purge DIR" ;;
 esac

@@ -1,7 +1,7 @@
 """The docker kind reads podman 4.3's answers as it reads Docker's: its events (a volume named
 in its attributes alone, "remove" for Docker's "destroy"), and podman-compose's projects,
 which may bear `io.podman.compose.project` alone. The events are as podman 4.3.1 sent them
-(docs/engines.md); engine/test_podman.py proves the same on a real podman."""
+(docs/podman.md); engine/test_podman.py proves the same on a real podman."""
 
 from __future__ import annotations
 

@@ -155,8 +155,13 @@ def _chunked(body: bytes, size: int, *head: str) -> bytes:
 VERSION = _http("200 OK", b'{"ApiVersion": "1.41"}')
 
 
+def _ping(*head: str) -> bytes:
+    """A /_ping's answer that says the API version, as Docker's and podman's do."""
+    return _http("200 OK", b"OK", "Api-Version: 1.41", *head)
+
+
 def test_the_api_version_is_asked_once_and_again_after_close(stand_in) -> None:
-    server = stand_in(lambda path: VERSION if path == "/version" else _http("200 OK", b"{}"))
+    server = stand_in(lambda path: _ping() if path == "/_ping" else _http("200 OK", b"{}"))
     api = Client(server.endpoint, 5.0)
     api.inspect("c")
     api.remove_volume("v")
@@ -164,9 +169,21 @@ def test_the_api_version_is_asked_once_and_again_after_close(stand_in) -> None:
     api.inspect("c")
     asked = [r.split()[:2] for r in server.requests]
     assert asked == [
-        [b"GET", b"/version"],
+        [b"GET", b"/_ping"],
         [b"GET", b"/v1.41/containers/c/json"],
         [b"DELETE", b"/v1.41/volumes/v"],
+        [b"GET", b"/_ping"],
+        [b"GET", b"/v1.41/containers/c/json"],
+    ]
+
+
+def test_without_the_header_the_api_version_is_versions(stand_in) -> None:
+    answers = {"/_ping": _http("200 OK", b"OK"), "/version": VERSION}
+    server = stand_in(lambda path: answers.get(path, _http("200 OK", b"{}")))
+    Client(server.endpoint, 5.0).inspect("c")
+    asked = [r.split()[:2] for r in server.requests]
+    assert asked == [
+        [b"GET", b"/_ping"],
         [b"GET", b"/version"],
         [b"GET", b"/v1.41/containers/c/json"],
     ]
@@ -176,11 +193,7 @@ def test_the_api_version_is_asked_once_and_again_after_close(stand_in) -> None:
 def test_a_listing_in_chunks_is_read_whole_and_every_socket_let_go(stand_in, sockets, head):
     items = [{"Id": str(n), "Names": [f"/c{n}"]} for n in range(300)]
     listing = _chunked(json.dumps(items).encode(), 1000, *head)
-    server = stand_in(
-        lambda path: (
-            _http("200 OK", b'{"ApiVersion": "1.41"}', *head) if path == "/version" else listing
-        )
-    )
+    server = stand_in(lambda path: _ping(*head) if path == "/_ping" else listing)
     assert Client(server.endpoint, 5.0).containers("x") == items
     assert len(sockets) == 2 and all(s.fileno() == -1 for s in sockets)
 

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 KIND = "container"
 # What the events stream follows: the kind's three types of resource, created or gone
-# (podman says "remove" where Docker says "destroy"; docs/engines.md).
+# (podman says "remove" where Docker says "destroy"; docs/podman.md).
 TYPES = (CONTAINER, VOLUME, NETWORK)
 GONE = ("destroy", "remove")
 

@@ -218,3 +218,35 @@ def test_a_podman_build_s_failed_step_leaves_no_container_through_the_run(
     assert proxied.returncode == direct.returncode, proxied.stderr
     assert 'STEP "RUN false"' in proxied.stderr
     assert working() == []  # forcerm=1, whatever the client asked
+
+
+# Creations under version prefixes that podman reads and moby would not ([0-9A-Za-z.-]).
+ODD_PREFIXES = r"""
+sock=${CONTAINER_HOST#unix://}
+curl -sf --unix-socket "$sock" -H 'Content-Type: application/json' \
+    -d "{\"Image\": \"$IMAGE\"}" 'http://d/v1.41-x/containers/create?name=odd-docker' >/dev/null
+curl -sf --unix-socket "$sock" -H 'Content-Type: application/json' \
+    -d "{\"image\": \"$IMAGE\", \"name\": \"odd-libpod\"}" \
+    'http://d/v4.3.1-dev/libpod/containers/create' >/dev/null
+echo "$EXITWATCH_OWNER"
+read x
+"""
+
+
+def test_creations_under_podman_s_wider_version_prefixes_are_labelled(podman, bases) -> None:
+    proc = subprocess.Popen(
+        [*RUN, "--", "sh", "-c", ODD_PREFIXES],
+        env=_env(bases, podman, docker_too=True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    owner = proc.stdout.readline().strip()
+    containers = _all(podman)["containers"]
+    _, err = proc.communicate("\n", timeout=120)
+    assert owner and proc.returncode == 0, err
+    assert {n: c.get(LABEL_OWNER) for n, c in containers.items()} == {
+        "odd-docker": owner,
+        "odd-libpod": owner,
+    }

@@ -75,9 +75,10 @@ OWNED = {
 }
 
 
-def _start(bases: Path, podman, docker_too: bool) -> subprocess.Popen[str]:
+def _start(bases: Path, podman, docker_too: bool, script: str = MAKES) -> subprocess.Popen[str]:
+    """`exitwatch run -- sh -c SCRIPT`, its stdin, stdout and stderr piped."""
     return subprocess.Popen(
-        [*RUN, "--", "sh", "-c", MAKES],
+        [*RUN, "--", "sh", "-c", script],
         env=_env(bases, podman, docker_too),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -174,14 +175,7 @@ def test_a_pod_that_holds_a_live_owner_s_container_stays_whole(podman, bases) ->
         "podman pod create --name shared >/dev/null && podman run -d --pod shared --name mine "
         "$IMAGE >/dev/null && echo made && read x"
     )
-    proc = subprocess.Popen(
-        [*RUN, "--", "sh", "-c", script],
-        env=_env(bases, podman, docker_too=True),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(bases, podman, True, script)
     assert proc.stdout.readline() == "made\n", proc.stderr.read()
     # Another owner's container, alive, joins the run's pod directly.
     podman.podman("run", "-d", "--pod", "shared", "--name", "theirs", "--label",
@@ -234,14 +228,7 @@ read x
 
 
 def test_creations_under_podman_s_wider_version_prefixes_are_labelled(podman, bases) -> None:
-    proc = subprocess.Popen(
-        [*RUN, "--", "sh", "-c", ODD_PREFIXES],
-        env=_env(bases, podman, docker_too=True),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(bases, podman, True, ODD_PREFIXES)
     owner = proc.stdout.readline().strip()
     containers = _all(podman)["containers"]
     _, err = proc.communicate("\n", timeout=120)

@@ -91,10 +91,11 @@ _REFUSED = [
     # 5.x: deploys to a Kubernetes cluster, whose resources no agent here follows.
     (re.compile(_VERSION + r"/libpod/kube/apply"), "podman kube apply is refused here"),
 ]
-# A restore that imports an archive (or names the container it makes, which only an import
-# does) creates a container with the archive's labels.
+# A restore that imports an archive creates a container with the archive's labels. Its
+# `import` is a bool as gorilla/schema reads one; these, and none, read as false (the CLI
+# sends `name=` with every restore: only an import uses it).
 _RESTORE = re.compile(_VERSION + r"/libpod/containers/.*/restore")
-_RESTORE_MAKES = ("import", "name")
+_NOT_TRUE = {"", "0", "f", "F", "false", "FALSE", "False"}
 
 
 class Refused(Exception):
@@ -130,9 +131,13 @@ def _refused(path: str, target: bytes) -> None:
             raise Refused(why)
     if _RESTORE.fullmatch(path):
         query = target.decode("latin-1").partition("?")[2]
-        # Go's url.ParseQuery splits at "&"; gorilla/schema matches keys without case.
-        keys = {unquote_plus(k).lower() for k, _, _ in (p.partition("=") for p in query.split("&"))}
-        if keys & set(_RESTORE_MAKES):
+        # Go's url.ParseQuery splits at "&"; gorilla/schema matches keys without case, and
+        # of several values reads one, in no set order: any true one may be it.
+        pairs = (p.partition("=") for p in query.split("&"))
+        if any(
+            unquote_plus(k).lower() == "import" and unquote_plus(v) not in _NOT_TRUE
+            for k, _, v in pairs
+        ):
             raise Refused(
                 "podman container restore --import is refused here: the container it makes "
                 "takes the archive's labels, not the run's owner; restore it where no "

@@ -40,6 +40,9 @@ SOMEONE = "0b8c7a3e-3d4c-4b8e-9f1a-2c3d4e5f6a7b:1234:5678"  # a well-formed owne
         (b"/v4.3.1/libpod/commit?container=x", Route.OTHER),  # an image
         (b"/v4.3.1/libpod/containers/abc/restore", Route.OTHER),  # in place: no new one
         (b"/v4.3.1/libpod/containers/abc/restore?keep=true", Route.OTHER),
+        # What the CLI sends for a restore in place: name= always, import never.
+        (b"/v4.3.1/libpod/containers/abc/restore?fileLocks=false&name=&keep=false", Route.OTHER),
+        (b"/v4.3.1/libpod/containers/abc/restore?import=false&Import=0&import=", Route.OTHER),
         (b"/v4.3.1/libpod/containers/abc/exec", Route.OTHER),  # an exec session
     ],
 )
@@ -57,7 +60,9 @@ def test_podman_s_routes(target: bytes, found: Route) -> None:
         (b"/v4.3.1/libpod/containers/x/restore?import=true", "restore --import is refused"),
         (b"/v4.3.1/libpod/containers/x/restore?Import=1", "restore --import"),  # schema folds
         (b"/v4.3.1/libpod/containers/x/restore?%69mport=true", "restore --import"),
-        (b"/v4.3.1/libpod/containers/x/restore?keep=1&name=new", "restore --import"),
+        (b"/v4.3.1/libpod/containers/x/restore?import=on", "restore --import"),  # schema's
+        (b"/v4.3.1/libpod/containers/x/restore?import=false&import=t", "restore --import"),
+        (b"/v4.3.1/libpod/containers/x/restore?import=yes", "restore --import"),  # unread: 400
         (b"/v4.3.1/libpod/x/../play/kube", "kube play is refused"),  # cleaned first
     ],
 )

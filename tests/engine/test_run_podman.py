@@ -237,3 +237,20 @@ def test_creations_under_podman_s_wider_version_prefixes_are_labelled(podman, ba
         "odd-docker": owner,
         "odd-libpod": owner,
     }
+
+
+def test_a_restore_passes_in_place_and_is_refused_from_an_archive(podman, bases, tmp_path) -> None:
+    # No checkpoint can be made here (criu fails under the suite's runc): a restore of a
+    # running container is the engine's refusal, the same directly and through the run.
+    podman.podman("run", "-d", "--name", "ck", podman.image)
+    env = _env(bases, podman, docker_too=False)
+    restore = ["podman", "container", "restore", "ck"]
+    direct = subprocess.run(restore, env=env, capture_output=True, text=True, timeout=120)
+    proxied = run(["--", *restore], env)
+    assert "cannot restore" in direct.stderr and direct.returncode != 0, direct.stderr
+    assert (proxied.returncode, proxied.stderr) == (direct.returncode, direct.stderr)
+    archive = tmp_path / "ck.tar"
+    archive.write_bytes(b"")
+    done = run(["--", "podman", "container", "restore", "--import", str(archive)], env)
+    assert done.returncode != 0
+    assert "Error: exitwatch: podman container restore --import is refused here" in done.stderr

@@ -181,6 +181,10 @@ ONE_PASS = {
         # The docker kind against a real podman (a podman per pass would be one more
         # engine beside the two dockerds, for the same standard-library code).
         "test_podman.py",
+        # podman's API through the run's socket and adopt's: the proxy's HTTP that
+        # test_proxy.py drives in both, against a podman service of the pass's own.
+        "test_run_podman.py",
+        "test_adopt_podman.py",
     ),
 }
 

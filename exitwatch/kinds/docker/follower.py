@@ -31,7 +31,7 @@ from exitwatch.kinds.base import (
     Unavailable,
 )
 from exitwatch.kinds.discovery import Discovery, stopped, wait
-from exitwatch.kinds.docker import compose, networks, projects
+from exitwatch.kinds.docker import compose, networks, pods, projects
 from exitwatch.kinds.docker.attempts import EngineError, attempt, name_of
 from exitwatch.kinds.docker.labels import (
     CONTAINER,
@@ -307,10 +307,11 @@ class Follower:
     def remove(
         self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
     ) -> list[Outcome]:
-        """Its containers first, compose projects as a whole (projects.py); then the
-        networks and volumes, its own and its whole projects', once no container uses them
-        (networks.py). A job may hold no container: networks and volumes carry owners too,
-        and one whose containers went before it (`compose down` without -v) left them."""
+        """Its pods (podman's, pods.py) and containers first, compose projects as a whole
+        (projects.py); then the networks and volumes, its own and its whole projects', once
+        no container uses them (networks.py). A job may hold no container: networks and
+        volumes carry owners too, and one whose containers went before it (`compose down`
+        without -v) left them."""
         outcomes = [
             self.refused(r, f"owned by {r.owner}, not {owner}")
             for r in resources
@@ -344,6 +345,13 @@ class Follower:
             ok, detail = attempt(functools.partial(self._engine.remove_container, cid))
             return Outcome(ok=ok, detail=detail, **_container(cid, name, project))
 
+        # Podman's pods first: their infra containers go only with them.
+        podded = pods.labelled(self._engine, owner, dry_run)
+        outcomes += podded.outcomes
+        for r in boxes:
+            if r.key in podded.spared:
+                outcomes.append(self.refused(r, podded.spared.pop(r.key)))
+                doomed.pop(r.key, None)
         if doomed:
             outcomes += self._removers.map(one, doomed.items())
         keys = {r.key for r in mine}

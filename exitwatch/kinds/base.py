@@ -8,7 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from exitwatch.owner import Owner, death
+from exitwatch.owner import Owner, death, elsewhere
 
 
 class Unavailable(Exception):
@@ -127,7 +127,11 @@ class ResourceKind(abc.ABC):
         The agent judged the owner on its own thread a moment ago: nothing is removed on a
         verdict that is not this one's, so every kind's removal starts with this check. A
         check that cannot be made fails the attempt (one line, tried again), never raises.
+        Another machine's owner is never this agent's to judge, dead or alive.
         """
+        away = elsewhere(owner)
+        if away is not None:
+            return [self.refused(r, f"its owner {owner} is {away}") for r in resources]
         try:
             why = death(owner)
         except OSError as err:  # /proc unreadable now (EMFILE, ENOMEM): proves nothing

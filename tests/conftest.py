@@ -141,7 +141,7 @@ ONE_PASS = {
         # too: adopt's transparency (test_proxy.py proves the same proxy, for the run's
         # socket, in both), the attacks on workdirs, hooks and a run's directories, the
         # fuzzed labels and hook files, the operations and the status command
-        # (test_cli_errors.py has click's side in both).
+        # (test_cli_errors.py has click's side in both), two machines on one engine.
         "test_docker.py",
         "test_agent.py",
         "test_unixhttp.py",
@@ -159,6 +159,7 @@ ONE_PASS = {
         "test_procfs_races.py",
         "test_operations.py",
         "test_status.py",
+        "test_machines.py",
     ),
 }
 

@@ -9,9 +9,6 @@ shared engine); an earlier boot's is the same with this machine's id."""
 from __future__ import annotations
 
 import logging
-import threading
-
-import pytest
 
 from exitwatch.agent.loop import Agent
 from exitwatch.kinds.base import Found, Gone
@@ -47,33 +44,15 @@ class Watching(Source):
         pass
 
 
-@pytest.fixture
-def agent_of():
-    started: list[tuple[Agent, threading.Thread]] = []
-
-    def start(kind: Things, source: Source | None = None) -> Agent:
-        agent = Agent(Config(), [kind], source)
-        thread = threading.Thread(target=agent.run)
-        thread.start()
-        started.append((agent, thread))
-        return agent
-
-    yield start
-    for agent, thread in started:
-        agent.stop()
-        thread.join(10)
-        agent.drain(10)
-
-
 def _away(pid: int | None = None, start: int | None = None) -> Owner:
     me = owner_of()
     return Owner(OTHER_BOOT, pid or me.pid, start or me.starttime, OTHER_MACHINE)
 
 
-def test_another_machines_owner_is_neither_watched_nor_removed_and_told_once(agent_of, caplog):
+def test_another_machines_owner_is_neither_watched_nor_removed_and_told_once(running, caplog):
     caplog.set_level(logging.INFO, logger="exitwatch.agent.elsewhere")
     source, kind = Watching(), Things()
-    agent = agent_of(kind, source)
+    agent = running(kind, source)
     away = _away()
     for key in ("a", "b"):  # two of its containers: one line for the owner, not per event
         agent.submit(Found(thing(key, away)))

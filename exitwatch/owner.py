@@ -141,8 +141,9 @@ def describe_status(status: int | None) -> str:
 def elsewhere(owner: Owner) -> str | None:
     """Why `owner` is not this machine's to judge (it lives on another), or None when it
     is: an owner of this boot (the boot id names this kernel's life, whatever machine id
-    was read where it was written: a container's own /etc/machine-id, say), one that says
-    this machine's id, and one of the 3-part form, which says none."""
+    was read where it was written: by a process on the host's pids with a mount namespace
+    and /etc/machine-id of its own, say), one that says this machine's id, and one of the
+    3-part form, which says none."""
     if not owner.machine or owner.boot_id == current_boot_id():
         return None
     here, where = current_machine()

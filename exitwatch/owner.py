@@ -79,13 +79,14 @@ def current_boot_id() -> str:
 def read_machine_id(paths: tuple[str, ...] = MACHINE_ID_FILES) -> tuple[str, str]:
     """(this machine's id, the file it was read from), or ('', why there is none): the
     first of `paths` that holds one (32 lowercase hex digits). An empty file, or systemd's
-    "uninitialized" of a first boot, holds none."""
+    "uninitialized" of a first boot, holds none. Raises OSError where a file could not be
+    read for a reason that says nothing of it (EMFILE, EIO): none is known yet."""
     tried = []
     for path in paths:
         try:
             with open(path, "rb") as f:
                 text = f.read(64).decode("ascii", "replace").strip()
-        except OSError as err:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as err:
             tried.append(f"{path}: {err.strerror or err}")
             continue
         if _MACHINE_ID.fullmatch(text):
@@ -96,7 +97,8 @@ def read_machine_id(paths: tuple[str, ...] = MACHINE_ID_FILES) -> tuple[str, str
 
 @functools.cache
 def current_machine() -> tuple[str, str]:
-    """read_machine_id() of this process, read once."""
+    """read_machine_id() of this process, read once (an OSError is not kept: the next call
+    reads again)."""
     return read_machine_id()
 
 
@@ -144,11 +146,12 @@ def elsewhere(owner: Owner) -> str | None:
     was read where it was written: by a process on the host's pids with a mount namespace
     and /etc/machine-id of its own, say), one that says this machine's id, and one of the
     3-part form, which says none."""
-    if not owner.machine or owner.boot_id == current_boot_id():
+    if not owner.machine:
         return None
     here, where = current_machine()
-    if owner.machine == here:
-        return None  # an earlier boot of this machine: dead
+    # This machine's own owners, nearly all, need no boot id read: an earlier boot's is dead.
+    if owner.machine == here or owner.boot_id == current_boot_id():
+        return None
     if not here:
         # Then this machine's own owners are written in the 3-part form: one that names a
         # machine was written elsewhere, or before this one lost its id. Not ours to judge.
@@ -158,7 +161,8 @@ def elsewhere(owner: Owner) -> str | None:
 
 def death(owner: Owner) -> str | None:
     """Why the owner is dead, or None while it lives, or while it is not this machine's to
-    judge (elsewhere() says so): either way, what it holds is left alone.
+    judge (elsewhere() says so): either way, what it holds is left alone. Raises OSError
+    when that cannot be read now (a full fd table), which proves nothing.
 
     Alive means: same boot, /proc/PID/stat present with the same start time, and not a
     zombie (or dead) with a single task left. Anything else is dead.

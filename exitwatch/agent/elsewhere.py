@@ -10,11 +10,12 @@ Only the agent's loop thread calls these, so this state needs no lock.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter, OrderedDict
 
 from exitwatch.agent.index import Index
-from exitwatch.owner import Owner, elsewhere
+from exitwatch.owner import Owner, current_boot_id, current_machine, elsewhere
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +27,20 @@ class Elsewhere:
 
     def __init__(self) -> None:
         self._told: OrderedDict[Owner, None] = OrderedDict()
+        # Read now, while they can be: a first reading under a full fd table would fail.
+        with contextlib.suppress(OSError):
+            current_machine()
+            current_boot_id()
 
     def admit(self, owner: Owner) -> bool:
         """Whether `owner`, new to the index, is another machine's; the first time it is,
         one log line says so."""
-        why = elsewhere(owner)
+        try:
+            why = elsewhere(owner)
+        except OSError:
+            # Cannot be told now: judged as this machine's, whose death() cannot be read
+            # either, so it is judged again (rechecks.py), and found another machine's then.
+            return False
         if why is None:
             return False
         if owner in self._told:
@@ -52,7 +62,11 @@ def held(index: Index) -> tuple[int, Counter[str]]:
     """How many owners in `index` are other machines', and their resources by kind."""
     owners, kinds = 0, Counter[str]()
     for owner in index.owners():
-        if elsewhere(owner) is not None:
+        try:
+            away = elsewhere(owner) is not None
+        except OSError:  # read at start (Elsewhere), the ids it needs never fail after
+            away = False
+        if away:
             owners += 1
             kinds.update(r.kind for r in index.resources(owner))
     return owners, kinds

@@ -129,14 +129,14 @@ class ResourceKind(abc.ABC):
         check that cannot be made fails the attempt (one line, tried again), never raises.
         Another machine's owner is never this agent's to judge, dead or alive.
         """
-        away = elsewhere(owner)
-        if away is not None:
-            return [self.refused(r, f"its owner {owner} is {away}") for r in resources]
         try:
-            why = death(owner)
+            away = elsewhere(owner)
+            why = death(owner) if away is None else None
         except OSError as err:  # /proc unreadable now (EMFILE, ENOMEM): proves nothing
             cannot = f"cannot tell whether its owner {owner} lives: {err.strerror or err}"
             return [Outcome.failed(self.what(r), self.kind, cannot, key=r.key) for r in resources]
+        if away is not None:
+            return [self.refused(r, f"its owner {owner} is {away}") for r in resources]
         if why is None:
             return [self.refused(r, f"its owner {owner} is alive") for r in resources]
         return self.remove(owner, resources, dry_run, how or why)

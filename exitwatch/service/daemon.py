@@ -158,7 +158,11 @@ class Service:
 
 def _log_machine() -> None:
     """Which machine this agent judges the owners of: those of any other are left alone."""
-    machine, where = current_machine()
+    try:
+        machine, where = current_machine()
+    except OSError as err:
+        log.warning("cannot read the machine id now (%s); read again when needed", err)
+        return
     if machine:
         log.info("machine id %s (%s): other machines' owners are left alone", machine, where)
     else:

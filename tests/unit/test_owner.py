@@ -231,3 +231,14 @@ def test_zombie_is_dead_with_its_status():
 )
 def test_describe_status(status, text):
     assert describe_status(status) == text
+
+
+def test_a_machine_id_file_that_cannot_be_read_now_is_no_answer(tmp_path):
+    """EIO (as /proc/self/mem gives at offset 0), EMFILE: nothing is known of the file, so
+    the reading raises rather than say "no machine id" (current_machine() keeps no error,
+    and reads again next time)."""
+    (tmp_path / "dbus-machine-id").write_text(MACHINE + "\n")
+    with pytest.raises(OSError):
+        read_machine_id(("/proc/self/mem", str(tmp_path / "dbus-machine-id")))
+    machine, why = read_machine_id((str(tmp_path), str(tmp_path / "none")))  # a directory
+    assert machine == "" and why.startswith(f"{tmp_path}: Is a directory")

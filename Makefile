@@ -16,8 +16,9 @@ DEBIAN_PY := /usr/bin/python3
 # install has those three already; a minimal or container one may not. python3-setuptools:
 # the offline wheel build of tests/system/test_bpf_object.py (Debian 12 pulls it in, 13 not).
 # podman, podman-compose: the rootful podman of tests/support/podman.sh (4.3 and 1.0.3 on 12,
-# 5.4 and 1.3 on 13; rootful, so neither uidmap nor slirp4netns).
-APT_PACKAGES := docker.io docker-compose podman podman-compose busybox-static python3-venv python3-setuptools \
+# 5.4 and 1.3 on 13; rootful, so neither uidmap nor slirp4netns); catatonit: the init of the
+# pause image podman builds for a pod's infra container (only recommended by podman).
+APT_PACKAGES := docker.io docker-compose podman podman-compose catatonit busybox-static python3-venv python3-setuptools \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-pytest-xdist python3-hypothesis \
 	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base \

@@ -54,17 +54,10 @@ _docker_host = _option(
     "--docker-host", metavar="URL", help="Docker engine URL (default: DOCKER_HOST, or the socket)."
 )
 _engines = click.option(
-    "--engine",
-    "engines",
-    multiple=True,
-    metavar="URL",
-    help="Follow this engine (repeatable; in place of --docker-host).",
+    "--engine", "engines", multiple=True, metavar="URL", help="Follow this engine (repeatable)."
 )
-_find_engines = click.option(
-    "--find-engines/--no-find-engines",
-    default=None,
-    help="Follow the engines found on the host too (root's podman, users' rootless engines) "
-    "[default: [containers] find_engines of the config].",
+_find_engines = _option(
+    "--find-engines/--no-find-engines", help="Follow the engines found on the host too."
 )
 _dry_run = click.option(
     "--dry-run", is_flag=True, default=None, help="Log what would be removed; remove nothing."
@@ -80,9 +73,7 @@ _audit_log = _option(
     help=f'JSON-lines record of removals and refusals ("" for none) [default: {Config.audit_log}].',
 )
 _hook_dir = _option(
-    "--hook-dir",
-    metavar="DIR",
-    help=f"The spool of on-death hooks [default: {HOOK_DIR}].",
+    "--hook-dir", metavar="DIR", help=f"The spool of on-death hooks [default: {HOOK_DIR}]."
 )
 
 

@@ -40,8 +40,9 @@ def on_signals(actions: Mapping[signal.Signals, Callable[[], None]]) -> None:
     os.set_blocking(woken, False)
     # Before the handlers: once a handler is in place, its signal must find the fd.
     signal.set_wakeup_fd(woken, warn_on_full_buffer=False)
-    # A child forked without exec (the sources' self-test) keeps the handlers: its signals
-    # must not be acted on here.
+    # A child forked without exec would keep the handlers: its signals must not be acted on
+    # here. (None is forked so now: the sources' self-test child was, until it became a
+    # program of its own.)
     os.register_at_fork(after_in_child=_forget_wakeup_fd)
     for sig in actions:
         signal.signal(sig, _noop)

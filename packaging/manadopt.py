@@ -139,7 +139,10 @@ nor
 .B [containers] docker_host
 is set; unset too: /var/run/docker.sock. Only a unix:// socket can be forwarded to.
 exitwatch\-adopt.service unsets it (UnsetEnvironment=): under systemd, only the settings
-name the engine.
+name the engine. A podman service's socket may be the engine: the podman CLI's clients
+(CONTAINER_HOST at the adopt socket) are labelled as Docker clients are, and
+.B podman kube play
+is refused.
 .TP
 .BR LISTEN_PID ", " LISTEN_FDS
 Set by systemd: the one listening socket to serve (sd_listen_fds(3)); they are not passed

@@ -57,9 +57,12 @@ STATUS_KEYS = {
     "running agent only",
     "processes": "the leftover\\-process rescans: interval_s, rescans, failures, failing "
     "(failures in a row now), last_error; absent with [processes] enabled = false",
-    "owners": "live owners, each with owner, pid, name (what the owner is, such as "
+    "machine": "this machine's id, whose owners the agent judges; null when it has none",
+    "owners": "live owners of this machine, each with owner, pid, name (what the owner is, such as "
     '"container NAME" for one exitwatch adopt found, or null), containers (id, name, '
     "project), workdirs, hooks (ID: COMMAND) and processes",
+    "elsewhere": "other machines' owners, whose resources are left alone, alive or dead: "
+    "the keys of owners, with machine (its machine id) and why",
     "pending": "dead owners' resources not yet removed: owner, death, what; for a running "
     "agent also kind, attempt (of reap_attempts), state (removing, waiting for a slot, "
     "waiting to retry, or given up until the resource goes) and retry_in_s",
@@ -96,20 +99,32 @@ OWNER = r"""
 Every file names its owner, one process, the same way:
 .PP
 .EX
-\fIboot_id\fR:\fIpid\fR:\fIstarttime\fR
+\fImachine_id\fR:\fIboot_id\fR:\fIpid\fR:\fIstarttime\fR
 .EE
 .PP
+.I machine_id
+is /etc/machine-id, else /var/lib/dbus/machine-id (32 lowercase hex digits; see
+.BR machine\-id (5)),
 .I boot_id
 is /proc/sys/kernel/random/boot_id (a lowercase UUID),
 .I pid
 the process's pid as the host sees it, and
 .I starttime
 field 22 of /proc/\fIpid\fR/stat, its start in clock ticks since boot: a reused pid is not
-the same owner, and a reboot makes every earlier owner dead. At most 128 characters.
+the same owner, and a reboot makes every earlier owner of the machine dead. At most 128
+characters. Where neither file holds a machine id, and in what was written before
+exitwatch wrote one, an owner is
+.IR boot_id : pid : starttime ,
+which says no machine.
 .B exitwatch labels
 prints one (so does exitwatch.owner_labels() in Python); inside a container, whose pids are
 not the host's, no owner can be named (see
 .BR exitwatch\-adopt (8)).
+An agent judges only its own machine's owners: those of the current boot, those that name
+its machine id, and those that name none. Another machine's (of another boot and another
+machine id: a runner on another host sharing the engine or a filesystem) is never taken
+for dead, and what it holds is left alone; status lists it under
+.BR elsewhere .
 An owner is alive while its boot id is the current one, /proc/\fIpid\fR/stat exists with
 the same start time, and it is not a zombie; a malformed owner is never taken for dead.
 """
@@ -125,7 +140,7 @@ at most {MARKER_MAX_BYTES} bytes of UTF\-8, nesting at most {JSON_MAX_DEPTH} dee
 keys are ignored.
 .PP
 .EX
-{{"owner": "b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187"}}
+{{"owner": "3d1219c7c4c5404aaa1f6d2a48adfda4:b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187"}}
 .EE
 .PP
 Workdirs are looked for under
@@ -163,7 +178,7 @@ keys:
 HOOK_AFTER = r"""
 .PP
 .EX
-{"owner": "b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187",
+{"owner": "3d1219c7c4c5404aaa1f6d2a48adfda4:b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187",
  "argv": ["curl", "\-fsS", "\-X", "DELETE", "https://api.example/sandboxes/42"],
  "cwd": "/home/ann", "env": {}, "timeout": 60.0, "created": 1764550000.0}
 .EE

@@ -44,8 +44,10 @@ against /proc, and then removes that owner's containers (with their compose proj
 workdirs, usually within a second. A live owner's resources are never touched.
 .PP
 An owner is one process, written
-.IR boot_id : pid : starttime ,
-where starttime is field 22 of /proc/\fIpid\fR/stat; a reused pid is not the same owner.
+.IR machine_id : boot_id : pid : starttime ,
+where machine_id is /etc/machine-id and starttime is field 22 of /proc/\fIpid\fR/stat; a
+reused pid is not the same owner, and another machine's owner (a shared engine or
+filesystem) is never judged here: what it holds is left alone.
 A runner labels its containers
 .B exitwatch.owner=\fIowner\fR
 (see

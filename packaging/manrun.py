@@ -66,6 +66,17 @@ CMD's environment is the caller's, with these changes:
 unix://\fIthe run's socket\fR, in a fresh 0700 directory under XDG_RUNTIME_DIR (when its
 path is short enough for a socket address, and safe: see below), or /tmp.
 .TP
+.B CONTAINER_HOST
+When the caller has one (the podman CLI is then remote, and speaks podman's own API to
+it): unix://\fIthe run's socket\fR, the same socket as DOCKER_HOST's when both name one
+engine, else a second one beside it, in front of the podman service CONTAINER_HOST names
+(unix:///\fIpath\fR, unix://\fIpath\fR or unix:/\fIpath\fR). Podman's creations are
+labelled as Docker's are: containers and their named volumes, pods, networks, volumes;
+.B podman kube play
+and
+.B podman container restore \-\-import
+are refused, with a line the CLI prints: what they make would carry no owner.
+.TP
 .BR EXITWATCH_OWNER ", " EXITWATCH_RUN
 The run's owner: the first for compose files and runners that label, the second marks
 CMD's processes as the run's for the agent.
@@ -86,8 +97,8 @@ without
 is what this is for: that user could otherwise put a socket of their own in the place of
 the run's.
 .PP
-The wrapper forwards to the engine of the caller's DOCKER_HOST, or /var/run/docker.sock;
-only a unix:// engine can be forwarded to.
+The wrapper forwards to the engine of the caller's DOCKER_HOST, or /var/run/docker.sock,
+and to the podman service of its CONTAINER_HOST; only a local socket can be forwarded to.
 .SH SIGNALS
 SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the wrapper are passed on to CMD, and the
 wrapper waits for it; a second SIGINT or SIGTERM kills CMD. Ctrl\-C in a terminal reaches
@@ -99,9 +110,9 @@ CMD's exit status, or 128+\fIN\fR if signal \fIN\fR ended it. Of the wrapper's o
 Bad use (no CMD, an unknown option): one line, and nothing is run.
 .TP
 .B 125
-The run cannot be set up: a DOCKER_HOST that is not unix:// (tcp:// or ssh://, whose TLS
-or tunnel the socket would have to speak again), no room for its directories, or no safe
-directory for them, /tmp included.
+The run cannot be set up: a DOCKER_HOST or CONTAINER_HOST that is not a local socket
+(tcp:// or ssh://, whose TLS or tunnel the socket would have to speak again), no room for
+its directories, or no safe directory for them, /tmp included.
 .TP
 .B 126
 CMD cannot be executed.
@@ -121,7 +132,8 @@ agent to reap by their label; and the processes still running after SIGKILL, by 
 Files written anywhere but TMPDIR stay (a runner that takes a workdir option can be pointed
 into it). Docker clients that ignore DOCKER_HOST (\-H, \-\-context, a base_url of their own)
 create what carries no label, and the engine forwarded to is never the current Docker
-context's.
+context's. The podman CLI without CONTAINER_HOST works on its storage directly, through no
+socket, and what it makes carries no label.
 .SH EXAMPLES
 A runner, as it is: whatever it leaves (containers, networks, volumes, TMPDIR, processes)
 goes when it ends, however it ends:
@@ -136,7 +148,8 @@ Ten seconds for what it leaves running to stop on SIGTERM before SIGKILL:
 exitwatch run \-\-grace 10 \-\- python my_eval.py
 .EE
 .SH SEE ALSO
-exitwatch(8), exitwatch.toml(5), exitwatch\-adopt(8), exitwatch\-files(5), docker(1)
+exitwatch(8), exitwatch.toml(5), exitwatch\-adopt(8), exitwatch\-files(5), docker(1),
+podman\-remote(1)
 """
 
 

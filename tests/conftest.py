@@ -160,7 +160,7 @@ ONE_PASS = {
         # too: adopt's transparency (test_proxy.py proves the same proxy, for the run's
         # socket, in both), the attacks on workdirs, hooks and a run's directories, the
         # fuzzed labels and hook files, the operations and the status command
-        # (test_cli_errors.py has click's side in both).
+        # (test_cli_errors.py has click's side in both), two machines on one engine.
         "test_docker.py",
         "test_agent.py",
         "test_unixhttp.py",
@@ -181,6 +181,11 @@ ONE_PASS = {
         # The docker kind against a real podman (a podman per pass would be one more
         # engine beside the two dockerds, for the same standard-library code).
         "test_podman.py",
+        # podman's API through the run's socket and adopt's: the proxy's HTTP that
+        # test_proxy.py drives in both, against a podman service of the pass's own.
+        "test_run_podman.py",
+        "test_adopt_podman.py",
+        "test_machines.py",
     ),
 }
 

@@ -40,7 +40,8 @@ from exitwatch import procfs
 from exitwatch.adopt.containers import Container, Containers, Unanswered
 from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT
 from exitwatch.engine.url import Endpoint
-from exitwatch.owner import current_boot_id
+from exitwatch.owner import Owner as Identity
+from exitwatch.owner import current_boot_id, current_machine_id
 from exitwatch.proxy.policy import Owned, Owner, Refuse
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Adopting:
         self._proc = proc
         self.containers = Containers(engine, containers, proc)
         self._lock = threading.Lock()
-        self._boot = current_boot_id()
+        self._boot, self._machine = current_boot_id(), current_machine_id()
         # What never changes within one exec of one process: its pid namespace (depth, and
         # its pid there) and its command line, by (pid, start time, environment area: a new
         # one at every exec). Without the area (no ptrace access), the command line is read.
@@ -291,7 +292,7 @@ class Adopting:
         """`owner`'s owner string, with what it is: for a container's init, the container's
         name; for a rule's match, its program and the rule (and its container, if in one),
         never its arguments, which may hold a secret, and a label is seen by many."""
-        text = f"{self._boot}:{owner.pid}:{owner.start}"
+        text = str(Identity(self._boot, owner.pid, owner.start, self._machine))
         container = None
         if client.depth > 1 or not matched:  # not matched: a container's init
             with contextlib.suppress(OSError):  # the name is for people: the owner stands alone

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from exitwatch import shutdown
+from exitwatch.agent import elsewhere
 from exitwatch.agent.index import Index
 from exitwatch.agent.rechecks import Rechecks
 from exitwatch.agent.reconcile import RECONCILE_COUNTERS, Periodic, Scanned
@@ -77,6 +78,7 @@ class Agent:
         self._lost_unlogged = 0
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
         self._rechecks = Rechecks()
+        self._elsewhere = elsewhere.Elsewhere()
         self._periodic = Periodic(settings.reconcile_interval, list(self.kinds.values()))
         self._stopped = False
 
@@ -323,7 +325,10 @@ class Agent:
 
     def _admit(self, owner: Owner) -> None:
         """A new owner: watch it first, then confirm, so a death in between is not missed.
-        It is confirmed even when the watch failed: one dead already goes at once."""
+        It is confirmed even when the watch failed: one dead already goes at once. Another
+        machine's is neither watched nor judged: its pid names nobody here."""
+        if self._elsewhere.admit(owner):
+            return
         self._watch(owner)
         self._confirm(owner, time.monotonic())
 
@@ -388,9 +393,11 @@ class Agent:
         aging = [job.at for job in jobs if job.kind.ages_pending]
         # Every kind, held or not: a series that appears only once a kind holds
         # something reads "no data" on a dashboard or to an alert until then.
-        held = dict.fromkeys(self.kinds, 0) | dict(+self.index.counts)
+        away, theirs = elsewhere.held(self.index)
+        held = dict.fromkeys(self.kinds, 0) | dict(self.index.counts - theirs)
         last = self._periodic.last.at if self._periodic.last else None
-        return gauges(len(self.index), held, len(jobs), aging, last, self._periodic.interval)
+        interval = self._periodic.interval
+        return gauges(len(self.index) - away, held, len(jobs), aging, last, interval, away)
 
     @property
     def periodic(self) -> Periodic:

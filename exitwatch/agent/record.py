@@ -109,12 +109,13 @@ class Recorder:
 class Gauges(TypedDict):
     """What the metrics' gauges read of the loop (service/metrics.py)."""
 
-    owners: int  # live owners holding resources
+    owners: int  # live owners holding resources (this machine's)
     resources: dict[str, int]  # of live owners, by kind; every kind, held or not
     pending: int  # removal jobs running or waiting to retry
     oldest_pending: float  # seconds since the oldest job's owner died, hooks aside
     last_reconcile: float  # unix time the last one ended; 0 before the first
     reconcile_interval: float  # 0: only at start
+    elsewhere: int  # other machines' owners holding resources here, left alone
 
 
 def gauges(
@@ -124,6 +125,7 @@ def gauges(
     aging: Sequence[float],
     last_at: float | None,
     interval: float,
+    elsewhere: int = 0,
 ) -> Gauges:
     """The gauges of the agent's loop, from what it counts: `aging` are the times (monotonic)
     the owners of the removals watched for hanging died, `last_at` when the last reconcile
@@ -135,4 +137,5 @@ def gauges(
         "oldest_pending": max((time.monotonic() - at for at in aging), default=0.0),
         "last_reconcile": round(last_at, 3) if last_at is not None else 0,
         "reconcile_interval": interval,
+        "elsewhere": elsewhere,
     }

@@ -79,6 +79,14 @@ class Engine(Protocol):
         """Whether events() tells of networks made and removed (podman 4.3's does not)."""
         ...
 
+    def pods(self, label: str) -> list[dict[str, Any]]:
+        """Podman's pods with `label` (`Id`, `Name`, `Labels`); none on another engine."""
+        ...
+
+    def remove_pod(self, pid: str) -> None:
+        """Remove a pod of podman's with its containers, running or not."""
+        ...
+
     def close(self) -> None:
         """Forget what was learnt of the engine (its API version): the next call asks the
         engine that answers then."""

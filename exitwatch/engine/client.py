@@ -27,6 +27,9 @@ MAX_ENTRY = 1 << 20
 # the JSON it should be).
 ENGINE_ERRORS = (EngineRefused, http.client.HTTPException, OSError, ValueError)
 _API_VERSION = re.compile(r"[0-9]+\.[0-9]+")
+# Podman's own API, for its pods: 4.0.0 is the oldest level that 4.x and 5.x serve.
+LIBPOD = "/v4.0.0/libpod"
+LIBPOD_HEADER = "Libpod-API-Version"  # a header of podman's every answer: the engine is podman
 
 
 def _filters(**values: str | list[str]) -> str:
@@ -47,7 +50,7 @@ class Client:
     def __init__(self, endpoint: Endpoint, timeout: float, concurrency: int = 0) -> None:
         self._endpoint, self._timeout = endpoint, timeout
         self._version: str | None = None
-        self._libpod = False  # podman, by its /_ping's Libpod-Api-Version header
+        self._podman = False  # by its /_ping's Libpod-API-Version header
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(concurrency) if concurrency else None
 
@@ -55,27 +58,27 @@ class Client:
         with self._lock:
             version = self._version
         if version is None:
-            version = self._ask_version()
+            version, podman = self._ask_version()
             with self._lock:
-                self._version = version
+                self._version, self._podman = version, podman
         query = f"?{urlencode(params)}" if params else ""
         return f"/v{version}{route}{query}"
 
-    def _ask_version(self) -> str:
+    def _ask_version(self) -> tuple[str, bool]:
         """The engine's API version: the Api-Version header of its /_ping, else /version's
         ApiVersion. podman 4.3 takes 0.4 to 0.6 s to answer /version (it asks conmon and
         the OCI runtime for theirs), and the first removal after every (re)connect waited
-        for it; its /_ping, like Docker's, says the version at once."""
+        for it; its /_ping, like Docker's, says the version at once. And whether the engine
+        is podman: every answer of podman's (4.x, 5.x) carries a Libpod-API-Version."""
         headers, _ = answer(self._endpoint, "GET", "/_ping", self._timeout)
-        with self._lock:
-            self._libpod = headers.get("Libpod-Api-Version") is not None
+        podman = headers.get(LIBPOD_HEADER) is not None
         version: Any = headers.get("Api-Version")
         if version is None:
             doc = json.loads(request(self._endpoint, "GET", "/version", self._timeout))
             version = doc.get("ApiVersion") if isinstance(doc, dict) else None
         if not isinstance(version, str) or not _API_VERSION.fullmatch(version):
             raise ValueError(f"the engine gave no API version: {version!r}")
-        return version
+        return version, podman
 
     def _get(self, route: str, **params: Any) -> Any:
         with self._slot():
@@ -156,7 +159,24 @@ class Client:
         podman 4.3 does not (docs/podman.md). Asks the engine its version first."""
         self._url("")
         with self._lock:
-            return not self._libpod
+            return not self._podman
+
+    def pods(self, label: str) -> list[dict[str, Any]]:
+        """Podman's pods with `label` (`Id`, `Name`, `Labels`); none where the engine is not
+        podman, which has no pods."""
+        with self._slot():
+            self._url("/_ping")  # learns which engine it is
+            with self._lock:
+                if not self._podman:
+                    return []
+            url = f"{LIBPOD}/pods/json?{urlencode({'filters': _filters(label=label)})}"
+            return json.loads(request(self._endpoint, "GET", url, self._timeout)) or []
+
+    def remove_pod(self, pid: str) -> None:
+        """Remove a pod of podman's with its containers, running or not."""
+        with self._slot():
+            url = f"{LIBPOD}/pods/{quote(pid, safe='')}?force=true"
+            request(self._endpoint, "DELETE", url, self._timeout)
 
     def close(self) -> None:
         """Forget the API version: the next call asks the engine that answers then."""

@@ -8,6 +8,9 @@ The rules, decided here alone:
   terminate and speak again): the exitwatch of that host follows it.
 - As docker-py has it, unix://var/run/docker.sock is /var/run/docker.sock.
 - A setting given wins; else DOCKER_HOST, as the docker CLI reads it; else DEFAULT_URL.
+- A podman service is named by CONTAINER_HOST, as podman's CLI reads it (podman()): set,
+  it makes the CLI remote, speaking podman's own API to that socket; unset, the CLI works
+  on its storage directly, through no socket at all.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ EXPECTED = (
 
 # What a URL taken from the environment adds to its error: where it came from, and what to do.
 FROM_ENV = f" (from {ENV}: unset it, or point it at the engine's unix:// socket)"
+PODMAN_ENV = "CONTAINER_HOST"
+FROM_PODMAN_ENV = f" (from {PODMAN_ENV}: unset it, or point it at podman's unix:// socket)"
 
 
 class EndpointError(ValueError):
@@ -181,6 +186,25 @@ def chosen(*settings: str | None, env: Mapping[str, str] = os.environ) -> Endpoi
         return Endpoint.parse(url)
     except EndpointError:
         raise EndpointError(url, FROM_ENV) from None
+
+
+def podman(env: Mapping[str, str] = os.environ) -> Endpoint | None:
+    """The podman service that CONTAINER_HOST names, None when it is unset or empty.
+    podman's CLI reads unix:///PATH, unix://PATH and unix:/PATH alike (bindings/connection.go:
+    the host joined to the path); ssh:// and tcp:// are another host's. Raises EndpointError."""
+    given = env.get(PODMAN_ENV, "").strip()
+    if not given:
+        return None
+    scheme, colon, rest = given.partition(":")
+    url = given
+    if scheme == SCHEME and colon and rest.startswith("/") and not rest.startswith("//"):
+        url = f"{SCHEME}://{rest}"
+    if "?" in url or "#" in url:
+        raise EndpointError(given, FROM_PODMAN_ENV)
+    try:
+        return Endpoint.parse(url)
+    except EndpointError:
+        raise EndpointError(given, FROM_PODMAN_ENV) from None
 
 
 def served(path: str) -> str:

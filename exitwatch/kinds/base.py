@@ -8,7 +8,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from exitwatch.owner import Owner, death
+from exitwatch.owner import Owner, death, elsewhere
 
 
 class Unavailable(Exception):
@@ -136,12 +136,16 @@ class ResourceKind(abc.ABC):
         The agent judged the owner on its own thread a moment ago: nothing is removed on a
         verdict that is not this one's, so every kind's removal starts with this check. A
         check that cannot be made fails the attempt (one line, tried again), never raises.
+        Another machine's owner is never this agent's to judge, dead or alive.
         """
         try:
-            why = death(owner)
+            away = elsewhere(owner)
+            why = death(owner) if away is None else None
         except OSError as err:  # /proc unreadable now (EMFILE, ENOMEM): proves nothing
             cannot = f"cannot tell whether its owner {owner} lives: {err.strerror or err}"
             return [Outcome.failed(self.what(r), self.kind, cannot, key=r.key) for r in resources]
+        if away is not None:
+            return [self.refused(r, f"its owner {owner} is {away}") for r in resources]
         if why is None:
             return [self.refused(r, f"its owner {owner} is alive") for r in resources]
         return self.remove(owner, resources, dry_run, how or why)

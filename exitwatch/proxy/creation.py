@@ -8,6 +8,12 @@ for one field win. Python's json reads each of these otherwise, so a body is lab
 when both must read it alike: one JSON object in UTF-8, every field that matters here
 spelt as the engine names it and only once, no key twice in any object. Anything else is
 refused (Refused) rather than passed on, as the engine might create from it unlabelled.
+
+Podman's own API (libpod) decodes its bodies with the same encoding/json, into structs of
+its own: a container's and a pod's labels are "labels", and their named volumes the "Name"s
+of "volumes" (specgen.SpecGenerator, PodSpecGenerator: NamedVolume, made if missing); a
+network's labels are "labels"; a volume's are "Label" and "Labels" together, the latter
+winning (entities.VolumeCreateOptions; handlers/libpod/volumes.go), in 4.3 as in 5.4.
 """
 
 from __future__ import annotations
@@ -66,12 +72,52 @@ def label(
     ours = {**(more or {}), LABEL_OWNER: owner}
     if route is Route.LEGACY_START:
         return Labelled(body, _created_volumes(doc, ours))
+    if route in _PODMAN:
+        return _podman(route, doc, body, ours)
     labels = _labels(doc, "Labels", "the body")
     if names_an_owner(labels) or kept(labels):
         return Labelled(body, ())
     doc["Labels"] = {**labels, **ours}
     volumes = _created_volumes(doc, ours) if route is Route.CONTAINER_CREATE else ()
     return Labelled(_encode(doc), volumes)
+
+
+_PODMAN = {
+    Route.POD_CONTAINER_CREATE,
+    Route.POD_CREATE,
+    Route.POD_NETWORK_CREATE,
+    Route.POD_VOLUME_CREATE,
+}
+
+
+def _podman(route: Route, doc: dict, body: bytes | bytearray, ours: Mapping[str, str]) -> Labelled:
+    """label() for a creation of podman's own API (the module's doc says its fields)."""
+    if route is Route.POD_VOLUME_CREATE:
+        given = _labels(doc, "Labels", "the body")
+        labels = {**_labels(doc, "Label", "the body"), **given}
+        key = "Labels"
+    else:
+        labels = given = _labels(doc, "labels", "the body")
+        key = "labels"
+    if names_an_owner(labels) or kept(labels):
+        return Labelled(body, ())
+    doc[key] = {**given, **ours}
+    made: tuple[Volume, ...] = ()
+    if route in (Route.POD_CONTAINER_CREATE, Route.POD_CREATE):
+        made = _named_volumes(doc, ours)
+    return Labelled(_encode(doc), made)
+
+
+def _named_volumes(doc: dict, ours: Mapping[str, str]) -> tuple[Volume, ...]:
+    """The named volumes of a podman container or pod create (its "volumes"), which podman
+    makes, unlabelled, when they are missing: each with a Name (none is an anonymous volume,
+    which goes with its container)."""
+    found: dict[str, Volume] = {}
+    for n, volume in enumerate(_list(doc, "volumes", "the body", dict)):
+        name = _string(volume, "Name", f"volumes[{n}]")
+        if name:
+            found.setdefault(name, Volume(name, labels=dict(ours)))
+    return tuple(found.values())
 
 
 def _encode(doc: dict) -> bytes:

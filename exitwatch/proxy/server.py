@@ -235,18 +235,18 @@ def _run(responses: Responses, done: threading.Event) -> None:
         done.set()
 
 
-def listen(directory: str, dir_fd: int | None = None) -> socket.socket:
-    """A listening unix socket `docker.sock` in `directory`; ProxyError if the path is too
-    long for a socket address (sun_path holds 108 bytes). With `dir_fd`, a descriptor of
+def listen(directory: str, dir_fd: int | None = None, name: str = "docker.sock") -> socket.socket:
+    """A listening unix socket `name` in `directory`; ProxyError if the path is too long
+    for a socket address (sun_path holds 108 bytes). With `dir_fd`, a descriptor of
     `directory`, it is bound in that directory whatever `directory` names by then."""
-    path = os.path.join(directory, "docker.sock")
+    path = os.path.join(directory, name)
     if len(os.fsencode(path)) >= 108:
         raise ProxyError(f"{path}: too long for a unix socket address (108 bytes at most)")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(path if dir_fd is None else f"/proc/self/fd/{dir_fd}/docker.sock")
+        listener.bind(path if dir_fd is None else f"/proc/self/fd/{dir_fd}/{name}")
         # Past the umask: under one of 0777 it would be 0000, which CMD could not connect to.
-        os.chmod(path if dir_fd is None else "docker.sock", 0o600, dir_fd=dir_fd)
+        os.chmod(path if dir_fd is None else name, 0o600, dir_fd=dir_fd)
         listener.listen(BACKLOG)
     except OSError as err:
         listener.close()

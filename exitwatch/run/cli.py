@@ -200,8 +200,9 @@ class _OneLineUsage(click.Command):
 def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
     """Run CMD as one owner, and remove what it leaves when it ends, however it ends.
 
-    CMD's Docker clients are pointed at a socket of the run's that labels what they create;
-    its TMPDIR is a fresh marked directory. Exits with CMD's status (128+N for signal N).
+    CMD's Docker clients (and podman's, when CONTAINER_HOST is set) are pointed at a socket
+    of the run's that labels what they create; its TMPDIR is a fresh marked directory.
+    Exits with CMD's status (128+N for signal N).
     """
     from exitwatch.run.supervise import SETUP_FAILED, RunError, Settings
     from exitwatch.run.supervise import run as supervise

@@ -2,7 +2,9 @@
 
 The wrapper is the owner. CMD is its child, killed with it (parent-death signal); its Docker
 client is pointed at the run's socket (proxy/server.py), which labels what it creates, and its
-TMPDIR at a marked directory (dirs.py says where both go, and why there). When CMD ends,
+TMPDIR at a marked directory (dirs.py says where both go, and why there). A CONTAINER_HOST
+(podman's remote CLI) gets a socket of the run's too, in front of the podman service it
+names: the same socket when that is DOCKER_HOST's engine, else a second proxy. When CMD ends,
 whatever the cause, the wrapper ends CMD's leftover descendants (it is their subreaper),
 removes the run's containers, networks, volumes and directories with the agent's own
 removal code, and exits with CMD's status. Were the wrapper killed instead, the agent finds
@@ -40,6 +42,7 @@ WAITED = {*FORWARDED, signal.SIGCHLD}
 KILL_WAIT = 5.0  # seconds to wait for leftovers to die of SIGKILL before saying so
 SETUP_FAILED = 125  # the wrapper could not run CMD at all, as timeout(1) and env(1) say
 ENDED = "the run ended"  # how the owner "died", for the removal code it reuses
+SOCKETS = ("docker.sock", "podman.sock")  # the run's sockets: DOCKER_HOST's, CONTAINER_HOST's
 STAYS = (
     "the run's containers, networks and volumes there stay, and the agent reaps them by "
     "their label once it answers again"
@@ -75,11 +78,20 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
     try:
         owner = owner_of()
         engine = url.chosen(env=env)  # the engine CMD's client would have used
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        bases = dirs.pick(env, settings.tmpdir)
     except url.EndpointError as err:
         raise RunError(f"{url.ENV}: {err}") from None
-    except (OwnerError, OSError, dirs.NoPlace) as err:
+    except OwnerError as err:
+        raise RunError(str(err)) from None
+    try:
+        podman = url.podman(env)  # the podman service CMD's podman CLI would have used
+    except url.EndpointError as err:
+        raise RunError(f"{url.PODMAN_ENV}: {err}") from None
+    # A second engine only when it is another socket: one proxy serves both APIs.
+    engines = [engine] + ([podman] if podman and podman.where != engine.where else [])
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        bases = dirs.pick(env, settings.tmpdir)
+    except (OSError, dirs.NoPlace) as err:
         raise RunError(str(err)) from None
     for note in bases.notes:
         _say(note)
@@ -87,16 +99,22 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
     # signal that comes during set-up waits for CMD; every thread inherits the mask.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
     made: list[dirs.Made] = []
-    proxy = None
+    proxies: list[Proxy] = []
     base = bases.socket
     try:
         try:
             made.append(dirs.make(base, owner))
             # Bound through the directory's descriptor, the socket lands in it whatever the
             # path names by then; clients connect by the path, which nobody else can change.
-            listener = listen(made[0].path, dir_fd=made[0].fd)
+            listeners = [
+                listen(made[0].path, dir_fd=made[0].fd, name=name)
+                for name in SOCKETS[: len(engines)]
+            ]
             child_env = dict(env)
-            child_env[url.ENV] = url.served(f"{made[0].path}/docker.sock")
+            child_env[url.ENV] = url.served(f"{made[0].path}/{SOCKETS[0]}")
+            if podman is not None:
+                socket = SOCKETS[len(engines) - 1]  # docker.sock when it is the same engine
+                child_env[url.PODMAN_ENV] = url.served(f"{made[0].path}/{socket}")
             child_env[ENV_OWNER] = child_env[ENV_RUN] = str(owner)
             if bases.tmpdir is not None:
                 base = bases.tmpdir
@@ -110,18 +128,32 @@ def run(argv: Sequence[str], settings: Settings, env: Mapping[str, str] = os.env
             ) from None
         finally:
             bases.close()
-        proxy = Proxy(listener, engine, Always(str(owner)), limits.of_process(shared=False))
-        status = _supervise(argv, child_env, proxy, settings, old_mask)
-        proxy.stop()
+        bounds = _shared(limits.of_process(shared=False), len(listeners))
+        for listener, where in zip(listeners, engines, strict=True):
+            proxies.append(Proxy(listener, where, Always(str(owner)), bounds))
+        status = _supervise(argv, child_env, proxies, settings, old_mask)
+        for proxy in proxies:
+            proxy.stop()
     finally:
-        _cleanup(owner, engine, made, proxy is not None and proxy.reached)
+        reached = [p.reached for p in proxies] or [False] * len(engines)
+        for where, was_reached in zip(engines, reached, strict=True):
+            _cleanup(owner, where, was_reached)
+        _remove_dirs(owner, made)
     return status
+
+
+def _shared(bounds: limits.Limits, proxies: int) -> limits.Limits:
+    """`bounds` shared out between the run's `proxies`, which draw on one process's limits."""
+    if proxies == 1:
+        return bounds
+    total = max(1, bounds.total // proxies)
+    return limits.Limits(total, total, f"{bounds.why}, shared by {proxies} sockets")
 
 
 def _supervise(
     argv: Sequence[str],
     env: Mapping[str, str],
-    proxy: Proxy,
+    proxies: list[Proxy],
     settings: Settings,
     old_mask: set[signal.Signals],
 ) -> int:
@@ -141,7 +173,8 @@ def _supervise(
     except OSError as err:
         _say(f"{argv[0]}: {err.strerror}")
         return 127 if isinstance(err, FileNotFoundError) else 126
-    proxy.start()
+    for proxy in proxies:
+        proxy.start()
     status = _wait(proc)
     _end_descendants(settings.grace)
     return status
@@ -249,10 +282,11 @@ def _end_descendants(grace: float) -> None:
         signal.sigtimedwait({signal.SIGCHLD}, 0.05)
 
 
-def _cleanup(owner: Owner, engine: url.Endpoint, made: list[dirs.Made], reached: bool) -> None:
-    """Remove what the run holds: its containers (compose projects whole), networks and
-    volumes, then its directories. Says what could not go; the agent retries that once the
-    wrapper is gone. `reached`: whether the engine ever took a connection of the socket's."""
+def _cleanup(owner: Owner, engine: url.Endpoint, reached: bool) -> None:
+    """Remove what the run holds on `engine`: its pods (podman's), containers (compose
+    projects whole), networks and volumes. Says what could not go; the agent retries that
+    once the wrapper is gone. `reached`: whether the engine ever took a connection of the
+    socket's."""
     from exitwatch.kinds.docker.attempts import EngineError
     from exitwatch.kinds.docker.kind import Containers
 
@@ -269,7 +303,15 @@ def _cleanup(owner: Owner, engine: url.Endpoint, made: list[dirs.Made], reached:
                 _say(f"{down}; {STAYS}")
     finally:
         docker.stop()
-    outcomes += [dirs.remove(m, owner) for m in made]
+    _report(outcomes)
+
+
+def _remove_dirs(owner: Owner, made: list[dirs.Made]) -> None:
+    """Remove the run's directories, after what its engines hold."""
+    _report([dirs.remove(m, owner) for m in made])
+
+
+def _report(outcomes: list[Outcome]) -> None:
     for o in outcomes:
         if not o.ok:
             _say(f"{o.what} left in place: {o.detail}")

@@ -15,6 +15,7 @@ from exitwatch.agent.loop import Agent
 from exitwatch.agent.record import Recorder
 from exitwatch.kinds import registry
 from exitwatch.kinds.base import ResourceKind
+from exitwatch.owner import current_machine
 from exitwatch.service.config import Config, ConfigError
 from exitwatch.service.status import build
 from exitwatch.service.status.schema import AgentInfo
@@ -92,6 +93,7 @@ class Service:
         )
         log.info("exitwatch %s starting: %s", __version__, config.describe())
         log.info("exit source %s", why)
+        _log_machine()
         audit = AuditLog(config.audit_log, config.audit_max_bytes) if config.audit_log else None
         recorder = Recorder(audit)
         kinds = make_kinds(config)
@@ -152,6 +154,23 @@ class Service:
                 closers.pop()()
             if audit is not None:
                 audit.close()
+
+
+def _log_machine() -> None:
+    """Which machine this agent judges the owners of: those of any other are left alone."""
+    try:
+        machine, where = current_machine()
+    except OSError as err:
+        log.warning("cannot read the machine id now (%s); read again when needed", err)
+        return
+    if machine:
+        log.info("machine id %s (%s): other machines' owners are left alone", machine, where)
+    else:
+        log.warning(
+            "no machine id (%s): owners made here are written without one, and owners "
+            "that name a machine and another boot are left alone",
+            where,
+        )
 
 
 def _metrics_state(agent: Agent, kinds: dict[str, ResourceKind]) -> dict:

@@ -56,6 +56,10 @@ COUNTERS = {
 }
 GAUGES = {
     "exitwatch_owners_watched": ("Live owners holding resources.", "owners"),
+    "exitwatch_owners_elsewhere": (
+        "Owners of other machines holding resources here, left alone.",
+        "elsewhere",
+    ),
     "exitwatch_removals_pending": ("Removals running or waiting to retry.", "pending"),
     "exitwatch_oldest_pending_removal_seconds": (
         "Age of the oldest removal (not hook) running or waiting to retry, from its owner's death.",

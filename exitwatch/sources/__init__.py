@@ -7,7 +7,7 @@ proven by a self-test on a real throwaway child. Poll always works and comes las
 from __future__ import annotations
 
 import logging
-import os
+import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +25,8 @@ SELF_TEST_TIMEOUT = 1.0
 # A try whose child's exit the source says it may have lost (a busy host filled its buffer)
 # proves nothing either way, and is made again.
 SELF_TEST_TRIES = 3
+# The test child: it lives until its stdin closes, then exits.
+TEST_CHILD = "/bin/cat"
 
 
 @dataclass(frozen=True)
@@ -74,24 +76,28 @@ def _self_test_once(make: Callable[[], Source], timeout: float) -> str | None:
     """None when the source reported the exit of a test child; why it said hints were lost
     when it did not. Raises SourceError when it said neither.
 
-    The child is forked before the source starts its thread, so the fork never copies a
-    half-held lock of it. The tested instance is stopped afterwards; the caller gets a fresh
-    one, because a source is started once, with the emit of the agent.
+    The child is a program of its own (cat, which exits when its stdin closes), never a
+    fork of this process running Python: under MemoryDenyWriteExecute=yes libffi keeps
+    ctypes callbacks in memory that a fork shares (MAP_SHARED), and a collection in such a
+    child freed the parent's callbacks under it (tests/system/test_mdwe.py). The tested
+    instance is stopped afterwards; the caller gets a fresh one, because a source is
+    started once, with the emit of the agent.
     """
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(w)
-            os.read(r, 1)
-        finally:
-            os._exit(0)
-    os.close(r)
+    try:
+        child = subprocess.Popen(
+            [TEST_CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError as err:
+        raise SourceError(f"cannot start a test child ({TEST_CHILD}): {err.strerror}") from None
+    assert child.stdin is not None
     seen = threading.Event()
     lost: list[str] = []
 
     def emit(hint: Hint) -> None:
-        if isinstance(hint, Exit) and hint.pid == pid:
+        if isinstance(hint, Exit) and hint.pid == child.pid:
             seen.set()
         elif isinstance(hint, Lost):
             lost.append(hint.reason)
@@ -99,9 +105,8 @@ def _self_test_once(make: Callable[[], Source], timeout: float) -> str | None:
     source = make()
     try:
         source.start(emit)
-        source.watch(owner_of(pid))
-        os.close(w)
-        w = -1
+        source.watch(owner_of(child.pid))
+        child.stdin.close()
         if seen.wait(timeout):
             return None
         if lost:
@@ -111,9 +116,8 @@ def _self_test_once(make: Callable[[], Source], timeout: float) -> str | None:
         )
     finally:
         source.stop()
-        if w >= 0:
-            os.close(w)
-        os.waitpid(pid, 0)
+        child.stdin.close()
+        child.wait()
 
 
 def _try(candidate: Candidate, settings: Settings) -> tuple[Source, str]:

@@ -75,9 +75,12 @@ class EbpfSource(Source):
         self._lib: Libbpf | None = None
         self._obj = self._link = self._rb = 0
         self._watched_fd = self._lost_fd = -1
-        # Held here: libbpf calls it for the ring's whole life, and ctypes frees the C
-        # thunk along with the last Python reference.
-        self._on_sample = SampleFn(self._sample)
+        # The ring's callback, made with the ring and dropped with it (_release): libbpf
+        # calls it for the ring's whole life, and ctypes frees the C thunk along with the
+        # last Python reference. It holds this source (a bound method), so one kept past
+        # the ring would leave the pair to the garbage collector, at any moment in any
+        # thread; dropped, it goes at once.
+        self._on_sample: ctypes._CFuncPtr | None = None
         self._samples: list[tuple[Owner, Exit]] = []  # filled by _sample, in the thread
         # From watch(): (owner, hint, whether it is surely dying) for the thread to re-check.
         self._inbox: collections.deque[tuple[Owner, Exit, bool]] = collections.deque()
@@ -144,6 +147,7 @@ class EbpfSource(Source):
         try:
             self._watched_fd = lib.map_fd(watched)
             self._lost_fd = lib.map_fd(lib.find_map(self._obj, "lost"))
+            self._on_sample = SampleFn(self._sample)
             self._rb = lib.ring_buffer_new(lib.map_fd(events), self._on_sample)
         except OSError as err:
             raise SourceError(f"cannot open the eBPF ring buffer: {err.strerror}") from None
@@ -259,6 +263,7 @@ class EbpfSource(Source):
             if self._obj:
                 lib.close_object(self._obj)  # closes the map fds too
         self._obj = self._link = self._rb = 0
+        self._on_sample = None  # after the ring that calls it
         self._watched_fd = self._lost_fd = -1
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:

@@ -95,7 +95,7 @@ def test_a_killed_runner_container_leaves_nothing_and_another_runner_keeps_all(
     assert LABEL_OWNER not in engine.client.api.inspect_container("runner-x")["Config"]["Labels"]
 
     # The agent holds it, and says what the owner is.
-    pid_x = int(owner_x.split(":")[1])
+    pid_x = int(owner_x.split(":")[-2])
     agent.wait_holding(pid_x, containers=3)
     (shown,) = [o for o in agent.status()["owners"] if o["owner"] == owner_x]
     assert shown["name"] == "container runner-x"
@@ -131,7 +131,7 @@ def test_a_restarted_runner_container_loses_the_old_instance_s_and_keeps_the_new
     _gone(engine, old, at, "docker restart of a runner container: the old instance's gone")
     assert owned(engine, new) == second
     # The agent has seen the new instance's, and leaves them to it.
-    agent.wait_holding(int(new.split(":")[1]), containers=2)
+    agent.wait_holding(int(new.split(":")[-2]), containers=2)
     assert owned(engine, new) == second
 
 
@@ -147,7 +147,7 @@ def test_a_process_a_rule_matches_inside_a_container_owns_what_it_makes(
     try:
         wait_for(lambda: owned_by_name(engine, "inner"), timeout=60, what="container inner")
         owner = owned_by_name(engine, "inner")
-        pid = int(owner.split(":")[1])
+        pid = int(owner.split(":")[-2])
         assert owner != init_owner(engine, "runner-i")  # the matched process's, not the init's
         labels = engine.client.api.inspect_container("inner")["Config"]["Labels"]
         # The program and the rule, never its arguments (a label is seen by many).
@@ -225,7 +225,7 @@ def test_host_clients_a_rule_matches_are_reaped_and_others_left_alone(engine, ag
     b = _host_runner(adopt, "host-b", "exitwatch-rule-b", engine.image)
     try:
         owner_a, owner_b = owned_by_name(engine, "host-a"), owned_by_name(engine, "host-b")
-        assert owner_a.split(":")[1] == str(a.pid) and owner_b.split(":")[1] == str(b.pid)
+        assert owner_a.split(":")[-2] == str(a.pid) and owner_b.split(":")[-2] == str(b.pid)
         labels = engine.client.api.inspect_container("host-a")["Config"]["Labels"]
         assert labels[LABEL_OWNER_NAME] == f"sh (rule {RULE})"  # none of its arguments
         assert engine.client.api.inspect_container("host-free")["Config"]["Labels"] == {}

@@ -77,7 +77,7 @@ def test_a_container_an_operator_s_pattern_names_owns_what_it_makes(
         wait_for(lambda: _owner_of(engine, "p-sandbox"), timeout=60, what="p-sandbox")
         owner = init_owner(engine, "runner-p1")
         assert _owner_of(engine, "p-sandbox") == owner
-        agent.wait_holding(int(owner.split(":")[1]), containers=1)
+        agent.wait_holding(int(owner.split(":")[-2]), containers=1)
         engine.docker("kill", "runner-p1")
         _gone(engine, owner, "docker kill of a runner container named by a pattern")
 
@@ -97,7 +97,7 @@ def test_a_runner_container_with_the_host_s_pid_namespace_owns_what_it_makes(
         # One entered into it (docker exec) is the same container's.
         engine.docker("exec", "runner-h", "docker", "run", "-d", "--name", "h-exec", engine.image)
         assert _owner_of(engine, "h-exec") == owner
-        agent.wait_holding(int(owner.split(":")[1]), containers=2)
+        agent.wait_holding(int(owner.split(":")[-2]), containers=2)
         engine.docker("kill", "runner-h")
         _gone(engine, owner, "docker kill of a --pid=host runner container: nothing left")
 
@@ -130,7 +130,7 @@ def test_a_dead_host_runner_s_orphan_creates_nothing(engine, agent, tmp_path) ->
         try:
             assert runner.stdout.readline() == "made\n"
             owner = _owner_of(engine, "o-first")
-            assert owner.split(":")[1] == str(runner.pid)
+            assert owner.split(":")[-2] == str(runner.pid)
             agent.wait_holding(runner.pid, containers=1)
             runner.kill()
             runner.wait()

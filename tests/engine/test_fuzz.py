@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from exitwatch import mark_workdir
 from exitwatch.contract import LABEL_OWNER, MARKER, MARKER_MAX_BYTES
-from exitwatch.owner import Owner, OwnerError, current_boot_id
+from exitwatch.owner import Owner, OwnerError, current_boot_id, current_machine_id
 
 from support.agentproc import Agent, container, exists, running, wait_gone
 from support.procs import kill, spawn_owner
@@ -60,8 +60,13 @@ def _owner_texts() -> st.SearchStrategy[str]:
     )
     numbers = st.integers(-(2**70), 2**70).map(str) | st.text(_CHARS, max_size=12)
     shaped = st.builds(lambda b, p, s: f"{b}:{p}:{s}", boots, numbers, numbers)
+    # The 4-part form: a machine id that is not one, before a boot id, pid and start time
+    # that may be (a malformed owner names nobody, whatever machine).
+    machine = current_machine_id() or "0" * 32
+    machines = st.sampled_from([machine.upper(), machine[:-1], machine + "0", "", boot])
+    four = st.builds(lambda m, rest: f"{m}:{rest}", machines | st.text(_CHARS, max_size=40), shaped)
     huge = st.integers(129, 20_000).map(lambda n: f"{boot}:1:{'9' * n}")
-    return (st.text(_CHARS, max_size=200) | shaped | huge).filter(_malformed)
+    return (st.text(_CHARS, max_size=200) | shaped | four | huge).filter(_malformed)
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ def test_adopt_replaces_an_owner_label_that_names_nobody(engine, agent, tmp_path
         want = {"containers": ["bad-c"], "networks": ["bad-n"], "volumes": ["bad-v"]}
         owner = init_owner(engine, "bad-runner")
         wait_for(lambda: owned(engine, owner) == want, timeout=60, what="the runner's three")
-        agent.wait_holding(int(owner.split(":")[1]), containers=1)
+        agent.wait_holding(int(owner.split(":")[-2]), containers=1)
         engine.docker("kill", "bad-runner")
         wait_for(lambda: owned(engine, owner) == NOTHING, timeout=GONE_DEADLINE, what="reaped")
         names = [c["Names"][0] for c in engine.client.api.containers(all=True)]

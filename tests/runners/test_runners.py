@@ -209,7 +209,7 @@ class Run:
         _STARTED.append(self)
         self.info = json.loads(line)
         self.owner: str = self.info["owner"]
-        assert self.owner.split(":")[1] == str(self.proc.pid)  # the wrapper owns the run
+        assert self.owner.split(":")[-2] == str(self.proc.pid)  # the wrapper owns the run
         self.socket_dir = os.path.dirname(self.info["docker_host"].removeprefix("unix://"))
         if "ready" in self.info:
             self._wait_ready(self.info["ready"])

@@ -20,7 +20,7 @@ from pathlib import Path
 import docker
 
 from exitwatch.contract import ADOPT_OWNER, LABEL_ADOPT, LABEL_OWNER
-from exitwatch.owner import current_boot_id
+from exitwatch.owner import Owner, current_boot_id, current_machine_id
 from exitwatch.procfs import read_stat
 
 from support.procs import wait_for
@@ -179,7 +179,7 @@ def init_owner(engine, container: str) -> str:
 def init_owner_of(api: docker.APIClient, container: str) -> str:
     """init_owner, through the client `api` (the soak's engine is no fixture's)."""
     pid = api.inspect_container(container)["State"]["Pid"]
-    return f"{current_boot_id()}:{pid}:{read_stat(pid).starttime}"
+    return str(Owner(current_boot_id(), pid, read_stat(pid).starttime, current_machine_id()))
 
 
 def owned(engine, owner: str) -> dict[str, list[str]]:

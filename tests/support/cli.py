@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from exitwatch.owner import current_boot_id
+from exitwatch.owner import Owner, current_boot_id, current_machine_id
 
 EXITWATCH = [sys.executable, "-m", "exitwatch"]
 
@@ -44,4 +44,4 @@ def sh(script: str, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
     assert done.returncode == 0, done.stderr
     *lines, last = done.stdout.strip().splitlines()
     pid, start = last.split()
-    return f"{current_boot_id()}:{pid}:{start}", lines
+    return str(Owner(current_boot_id(), int(pid), int(start), current_machine_id())), lines

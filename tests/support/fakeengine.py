@@ -236,6 +236,14 @@ class FakeEngine:
         self._call("network_events", "")
         return not self.quiet_networks
 
+    def pods(self, label: str) -> list[dict[str, Any]]:
+        with self._answer("pods", label):
+            return []  # a Docker engine's: podman's pods are tried against the real one
+
+    def remove_pod(self, pid: str) -> None:
+        with self._answer("remove_pod", pid):
+            raise refused(404, f"no such pod: {pid}")
+
     def close(self) -> None:
         self._call("close", "")
 

@@ -1,10 +1,12 @@
 """The eBPF exit source against the real kernel, with real processes and signals."""
 
+import gc
 import os
 import signal
 import subprocess
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -274,6 +276,26 @@ def test_stop_is_idempotent_and_watch_after_it_is_refused(hints, children):
     with pytest.raises(SourceError, match="not running"):
         src.watch(owner_child(children).owner)
     src.unwatch(owner_of())  # nothing watched any more: a no-op
+
+
+@pytest.mark.parametrize("started", [True, False], ids=["started", "probed"])
+def test_a_stopped_source_goes_at_once_with_its_callback(hints, started):
+    # Its ring's ctypes callback holds it; kept past stop(), the pair waited for the garbage
+    # collector, which freed the callback wherever it ran (see test_mdwe.py for where that
+    # went wrong). Stopped, nothing of it is left for the collector.
+    gc.disable()
+    try:
+        src = EbpfSource()
+        if started:
+            src.start(hints)
+        else:
+            src.load()  # as probe() does
+        src.stop()
+        gone = weakref.ref(src)
+        del src
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_probe_says_why_it_cannot_run(tmp_path):

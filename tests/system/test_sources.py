@@ -345,6 +345,22 @@ def test_a_self_test_that_loses_every_exit_is_a_source_error():
     assert Lossy.made == 3
 
 
+def test_the_self_test_child_runs_no_python():
+    # A fork running Python shares the agent's ctypes callbacks when there is no W+X memory
+    # (test_mdwe.py); the self-test's child is a program of its own.
+    code = (
+        "import os\n"
+        "os.register_at_fork(after_in_child=lambda: os.write(2, b'python in a forked child'))\n"
+        "from exitwatch.sources import pick\n"
+        "print(pick('netlink', poll_interval=1.0)[1])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True, text=True
+    )
+    assert done.stdout.startswith("netlink: self-test passed (")
+    assert "python in a forked child" not in done.stderr
+
+
 def in_child_as_nobody(fn):
     """Run `fn` in a forked child with root's privileges dropped; return what it printed."""
     r, w = os.pipe()

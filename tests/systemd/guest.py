@@ -8,9 +8,11 @@ as `Failed`, whose message is the FAIL line's detail."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -154,6 +156,15 @@ def running(name: str = "exitwatch") -> bool:
     return u["ActiveState"] == "active" and u["SubState"] == "running"
 
 
+def callbacks() -> str:
+    """Where libffi put the agent's ctypes callbacks: under MemoryDenyWriteExecute=yes a
+    libffi without static trampolines (bookworm's) maps them from a memfd, MAP_SHARED, which
+    a fork shares (docs/changes.md, the SIGABRT at start)."""
+    with open(f"/proc/{main_pid()}/maps") as f:
+        shared = sum("/memfd:libffi" in line for line in f)
+    return f"{shared} shared memfd mapping(s)" if shared else "no shared mapping"
+
+
 def journal_cursor() -> str:
     text = out(["journalctl", "-n", "0", "--show-cursor", "--quiet"])
     return text.rsplit("cursor: ", 1)[-1] if "cursor: " in text else ""
@@ -163,6 +174,36 @@ def journal(cursor: str = "", unit_name: str = "exitwatch") -> str:
     argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit_name]
     argv += ["--after-cursor", cursor] if cursor else ["-b"]
     return out(argv)
+
+
+# The deaths by signal that the checks cause on purpose, by (unit, signal name as systemd
+# writes it): a SIGKILL of a main pid, systemd's SIGABRT at a watchdog timeout. Any other is
+# the agent's own crash (`signal_deaths`).
+MEANT: collections.Counter = collections.Counter()
+_DEATH = re.compile(r"Main process exited, code=(?:killed|dumped), status=\d+/(\w+)")
+_FATAL = re.compile(r"\[(\d+)\]: Fatal Python error: (.*)")
+
+
+def meant_death(unit_name: str, signal_name: str) -> None:
+    """A check is about to make the unit's main process die of this signal."""
+    MEANT[(unit_name, signal_name)] += 1
+
+
+def unmeant_deaths(cursor: str, units: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """Since `cursor` (or the boot), for each unit: what is wrong (its main processes died of
+    signals beyond those MEANT, or its processes wrote more Python fatal errors than the
+    SIGABRTs meant), and what was seen."""
+    problems, seen = [], []
+    for name in units:
+        argv = ["journalctl", "--no-pager", "-o", "short", "-u", name]
+        text = out(argv + (["--after-cursor", cursor] if cursor else ["-b"]))
+        deaths = collections.Counter(m.group(1) for m in _DEATH.finditer(text))
+        fatal = [f"pid {m.group(1)}: {m.group(2)}" for m in _FATAL.finditer(text)]
+        meant = collections.Counter({sig: n for (u, sig), n in MEANT.items() if u == name})
+        if deaths - meant or len(fatal) > meant["ABRT"]:
+            problems.append(f"{name} died of {dict(deaths)}, meant {dict(meant)}; {fatal}")
+        seen.append(f"{name} {'+'.join(sorted(deaths.elements())) or 'none'}")
+    return problems, seen
 
 
 def own_lines(unit_name: str) -> list[str]:

@@ -27,6 +27,7 @@ from guest import (
     journal,
     kill,
     labels_of,
+    meant_death,
     out,
     own_lines,
     read,
@@ -97,6 +98,7 @@ def adopt_crash() -> str:
     pid = int(unit(ADOPT, "MainPID")["MainPID"])
     if not pid:
         raise Failed(f"{ADOPT} has no main pid")
+    meant_death(ADOPT, "KILL")
     kill(pid)
     took = within(
         30,

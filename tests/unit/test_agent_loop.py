@@ -20,24 +20,6 @@ from support.procs import wait_for
 from support.things import DEAD, Things, thing
 
 
-@pytest.fixture
-def running():
-    started: list[tuple[Agent, threading.Thread]] = []
-
-    def start(kind: Things, **config) -> Agent:
-        agent = Agent(Config(**config), [kind])
-        thread = threading.Thread(target=agent.run)
-        thread.start()
-        started.append((agent, thread))
-        return agent
-
-    yield start
-    for agent, thread in started:
-        agent.stop()
-        thread.join(10)
-        agent.drain(10)
-
-
 def test_a_resource_seen_again_while_it_is_being_removed_gets_no_second_job(running):
     kind = Things()
     kind.removal.clear()

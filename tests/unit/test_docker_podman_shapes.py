@@ -9,13 +9,12 @@ import queue
 
 from exitwatch.contract import LABEL_COMPOSE_PROJECT, LABEL_OWNER
 from exitwatch.kinds.base import Found, Gone, Snapshot
-from exitwatch.kinds.docker import attempts, follower
+from exitwatch.kinds.docker import attempts, events, follower
 from exitwatch.kinds.docker.compose import (
     LABEL_CONFIG_FILES,
     LABEL_WORKING_DIR,
     project_of,
 )
-from exitwatch.kinds.docker.follower import _change
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.kinds.docker.projects import members
 from exitwatch.owner import owner_of
@@ -45,24 +44,24 @@ def test_a_volume_named_in_its_attributes_alone_is_found_and_gone():
     fake = FakeEngine()
     owner = owner_of()
     fake.add_volume("pvol", {LABEL_OWNER: str(owner)})
-    found = _change(fake, podman_event("volume", "create", "", name="pvol"))
+    found = events.change(fake, podman_event("volume", "create", "", name="pvol"))
     assert isinstance(found, Found) and found.resource.key == "volume:pvol"
     assert found.resource.owner == owner
-    gone = _change(fake, podman_event("volume", "remove", "", name="pvol"))
+    gone = events.change(fake, podman_event("volume", "remove", "", name="pvol"))
     assert gone == Gone("container", "volume:pvol")
 
 
 def test_a_containers_remove_is_its_destroy():
     cid = "24e4384f9a8c" + "0" * 52
     labels = {LABEL_OWNER: str(owner_of()), "name": "pc2", "image": "localhost/x"}
-    created = _change(FakeEngine(), podman_event("container", "create", cid, **labels))
+    created = events.change(FakeEngine(), podman_event("container", "create", cid, **labels))
     assert isinstance(created, Found) and created.resource.key == cid
-    assert _change(FakeEngine(), podman_event("container", "remove", cid, **labels)) == Gone(
+    assert events.change(FakeEngine(), podman_event("container", "remove", cid, **labels)) == Gone(
         "container", cid
     )
     # Neither "died" nor a network's "connect" (which names the container) is a change.
-    assert _change(FakeEngine(), podman_event("container", "died", cid, **labels)) is None
-    assert _change(FakeEngine(), podman_event("network", "connect", cid, name="pc2")) is None
+    assert events.change(FakeEngine(), podman_event("container", "died", cid, **labels)) is None
+    assert events.change(FakeEngine(), podman_event("network", "connect", cid, name="pc2")) is None
 
 
 def test_the_project_is_dockers_label_first_then_podmans():

@@ -6,10 +6,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exitwatch import owner as owners
 from exitwatch import procfs
-from exitwatch.owner import Owner, OwnerError, current_boot_id, death, describe_status, owner_of
+from exitwatch.owner import (
+    Owner,
+    OwnerError,
+    current_boot_id,
+    current_machine_id,
+    death,
+    describe_status,
+    elsewhere,
+    owner_of,
+    read_machine_id,
+)
 
 BOOT = "2a992b04-582f-4283-93d2-115de768301c"
+MACHINE = "0123456789abcdef0123456789abcdef"
+OTHER_BOOT = "00000000-0000-0000-0000-000000000000"
 
 
 def test_parse_stat_comm_with_spaces_and_parens():
@@ -43,6 +56,31 @@ def test_owner_round_trip():
     assert owner.boot_id == current_boot_id()
 
 
+def test_an_owner_written_here_names_this_machine_first():
+    owner = owner_of()
+    with open("/etc/machine-id") as f:  # the suite's hosts have one (systemd's, or dbus's)
+        machine = f.read().strip()
+    assert owner.machine == machine == current_machine_id()
+    assert str(owner) == f"{machine}:{owner.boot_id}:{owner.pid}:{owner.starttime}"
+    assert Owner.parse(str(owner)).machine == machine
+
+
+def test_the_three_part_form_names_no_machine():
+    owner = Owner.parse(f"{BOOT}:12:5")
+    assert (owner.machine, owner.boot_id, owner.pid, owner.starttime) == ("", BOOT, 12, 5)
+    assert str(owner) == f"{BOOT}:12:5"
+    four = Owner.parse(f"{MACHINE}:{BOOT}:12:5")
+    assert (four.machine, four.boot_id, four.pid, four.starttime) == (MACHINE, BOOT, 12, 5)
+
+
+def test_the_machine_is_not_part_of_an_owners_identity():
+    """One boot id is one kernel's life on one machine: the same process, said with or
+    without where it lives, is one owner (one index entry, one label match)."""
+    old, new = Owner.parse(f"{BOOT}:12:5"), Owner.parse(f"{MACHINE}:{BOOT}:12:5")
+    assert old == new and hash(old) == hash(new) and len({old, new}) == 1
+    assert new != Owner.parse(f"{MACHINE}:{BOOT}:12:6")
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -59,6 +97,13 @@ def test_owner_round_trip():
         f"{BOOT}: 12:5",
         f"{BOOT}:١٢:5",
         f"{BOOT}:12:5" + "0" * 200,
+        f":{BOOT}:12:5",
+        f"{MACHINE.upper()}:{BOOT}:12:5",
+        f"{MACHINE[:-1]}:{BOOT}:12:5",
+        f"{MACHINE}0:{BOOT}:12:5",
+        f"{MACHINE}:{BOOT}:12:5:6",
+        f"{MACHINE}:{MACHINE}:12:5",
+        f"{BOOT}:{BOOT}:12:5",
     ],
 )
 def test_malformed_owner_strings_are_rejected(text):
@@ -81,8 +126,74 @@ def test_live_process_is_alive():
 
 def test_other_boot_is_dead():
     me = owner_of()
-    other = Owner("00000000-0000-0000-0000-000000000000", me.pid, me.starttime)
+    other = Owner(OTHER_BOOT, me.pid, me.starttime)
     assert "boot" in death(other)
+
+
+def _other_machine() -> str:
+    return "1" * 32 if current_machine_id() == "0" * 32 else "0" * 32
+
+
+def test_an_earlier_boot_of_this_machine_is_dead():
+    me = owner_of()
+    earlier = Owner(OTHER_BOOT, me.pid, me.starttime, current_machine_id())
+    assert elsewhere(earlier) is None
+    assert death(earlier) == "boot id differs (host rebooted)"
+
+
+def test_another_machines_owner_is_never_dead_here():
+    """Its boot id is not this one, and its pid names nobody here: neither says it died."""
+    me = owner_of()
+    machine = _other_machine()
+    for pid, start in ((me.pid, me.starttime), (me.pid, me.starttime + 1), (PID_GONE, 1)):
+        away = Owner(OTHER_BOOT, pid, start, machine)
+        assert elsewhere(away) == f"of machine {machine}, not this one"
+        assert death(away) is None
+
+
+PID_GONE = 4 * 1024 * 1024  # PID_MAX_LIMIT: no process has it
+
+
+def test_an_owner_of_this_boot_is_judged_whatever_machine_it_names():
+    """Written in a mount namespace with a /etc/machine-id of its own (a container's, on
+    the host's pids), an owner of this boot is this machine's all the same."""
+    me = owner_of()
+    machine = _other_machine()
+    assert elsewhere(Owner(me.boot_id, me.pid, me.starttime, machine)) is None
+    assert death(Owner(me.boot_id, me.pid, me.starttime, machine)) is None
+    assert "reused" in death(Owner(me.boot_id, me.pid, me.starttime + 1, machine))
+
+
+def test_without_a_machine_id_here_an_owner_that_names_one_and_another_boot_is_left(
+    monkeypatch,
+):
+    monkeypatch.setattr(owners, "current_machine", lambda: ("", "/etc/machine-id: missing"))
+    me = owner_of()
+    assert me.machine == "" and str(me).count(":") == 2  # written in the 3-part form
+    away = Owner(OTHER_BOOT, me.pid, me.starttime, MACHINE)
+    assert "this machine has no machine id (/etc/machine-id: missing)" in elsewhere(away)
+    assert death(away) is None
+    assert "boot" in death(Owner(OTHER_BOOT, me.pid, me.starttime))  # 3-part: as before
+
+
+def test_the_machine_id_falls_back_to_dbus_s(tmp_path):
+    etc, dbus = tmp_path / "machine-id", tmp_path / "dbus-machine-id"
+    dbus.write_text(MACHINE + "\n")
+    paths = (str(etc), str(dbus))
+    assert read_machine_id(paths) == (MACHINE, str(dbus))  # no /etc/machine-id
+    for text in ("", "uninitialized\n", MACHINE.upper() + "\n", MACHINE[:-1] + "\n"):
+        etc.write_text(text)  # one that holds no machine id: systemd's first boot, say
+        assert read_machine_id(paths) == (MACHINE, str(dbus))
+    etc.write_text(MACHINE.replace("0", "f") + "\n")
+    assert read_machine_id(paths) == (MACHINE.replace("0", "f"), str(etc))
+
+
+def test_with_no_machine_id_anywhere_it_says_where_it_looked(tmp_path):
+    etc = tmp_path / "machine-id"
+    etc.write_text("uninitialized\n")
+    machine, why = read_machine_id((str(etc), str(tmp_path / "none")))
+    assert machine == ""
+    assert why == f"{etc}: holds no machine id; {tmp_path / 'none'}: No such file or directory"
 
 
 def test_reused_pid_is_dead():
@@ -120,3 +231,14 @@ def test_zombie_is_dead_with_its_status():
 )
 def test_describe_status(status, text):
     assert describe_status(status) == text
+
+
+def test_a_machine_id_file_that_cannot_be_read_now_is_no_answer(tmp_path):
+    """EIO (as /proc/self/mem gives at offset 0), EMFILE: nothing is known of the file, so
+    the reading raises rather than say "no machine id" (current_machine() keeps no error,
+    and reads again next time)."""
+    (tmp_path / "dbus-machine-id").write_text(MACHINE + "\n")
+    with pytest.raises(OSError):
+        read_machine_id(("/proc/self/mem", str(tmp_path / "dbus-machine-id")))
+    machine, why = read_machine_id((str(tmp_path), str(tmp_path / "none")))  # a directory
+    assert machine == "" and why.startswith(f"{tmp_path}: Is a directory")

@@ -150,7 +150,15 @@ def test_a_target_the_engine_cannot_read_is_refused() -> None:
     [
         (b"/build", b"/build?forcerm=1"),
         (b"/v1.41/build?t=x&rm=1", b"/v1.41/build?forcerm=1&t=x&rm=1"),
-        (b"/build?forcerm=0", b"/build?forcerm=1&forcerm=0"),  # the engine reads the first
+        # The client's own forcerm goes: moby reads the first value, podman the last, of
+        # any key that folds to it once decoded.
+        (b"/build?forcerm=0", b"/build?forcerm=1"),
+        (
+            b"/v4.3.1/libpod/build?t=x&ForceRM=0&force%72m=false&rm=0",
+            b"/v4.3.1/libpod/build?forcerm=1&t=x&rm=0",
+        ),
+        (b"/build?forcermx=0&xforcerm=0", b"/build?forcerm=1&forcermx=0&xforcerm=0"),
+        (b"/build?", b"/build?forcerm=1&"),  # an empty part stays, as it came
         (b"/build?rm=", b"/build?forcerm=1&rm="),  # empty: the default, rm
         # Kept by the client's wish, they would be nobody's: removed all the same.
         (b"/build?rm=0", b"/build?forcerm=1&rm=0"),

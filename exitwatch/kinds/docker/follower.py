@@ -2,9 +2,8 @@
 stream followed, and removals on it that take a compose project as a whole. The container
 kind (kind.py) has one Follower per engine, each with its own thread, client and bound on
 requests, so that a slow or lying engine holds up no other; a follower knows nothing of the
-others, and its resources' keys are the engine's own (labels.py).
-
-"""
+others, and its resources' keys are the engine's own (labels.py). What the engine's
+listings and events mean is events.py's."""
 
 from __future__ import annotations
 
@@ -15,13 +14,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypedDict
 
-from exitwatch.contract import LABEL_OWNER, kept
+from exitwatch.contract import LABEL_OWNER
 from exitwatch.engine import api
 from exitwatch.engine.client import ENGINE_ERRORS, Client
-from exitwatch.engine.errors import NotFound, describe
+from exitwatch.engine.errors import describe
 from exitwatch.engine.url import Endpoint
 from exitwatch.kinds.base import (
-    Change,
     Found,
     Gone,
     Notify,
@@ -31,14 +29,12 @@ from exitwatch.kinds.base import (
     Unavailable,
 )
 from exitwatch.kinds.discovery import Discovery, stopped, wait
-from exitwatch.kinds.docker import compose, networks, projects
+from exitwatch.kinds.docker import compose, events, networks, pods, projects
 from exitwatch.kinds.docker.attempts import EngineError, attempt, name_of
 from exitwatch.kinds.docker.labels import (
     CONTAINER,
     KIND,
     NETWORK,
-    VOLUME,
-    key_of,
     other_of,
     resource_of,
     split,
@@ -46,11 +42,6 @@ from exitwatch.kinds.docker.labels import (
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
-
-# What the events stream follows: the kind's three types of resource, created or gone
-# (podman says "remove" where Docker says "destroy"; docs/podman.md).
-TYPES = (CONTAINER, VOLUME, NETWORK)
-GONE = ("destroy", "remove")
 
 TIMEOUT = 15.0  # seconds, for every engine call but the events stream
 # Engine calls of removals at once (Config.engine_concurrency), over every removal job of
@@ -66,15 +57,6 @@ NETWORK_POLL = 1.0
 
 
 _container = projects.container
-
-
-def _snapshot(engine: api.Engine) -> Snapshot:
-    """Every labelled container, network and volume now, as resources of the kind."""
-    listed = engine.each_container(LABEL_OWNER)
-    found = [resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed]
-    found += [other_of(KIND, NETWORK, n) for n in engine.networks(LABEL_OWNER)]
-    found += [other_of(KIND, VOLUME, v) for v in engine.volumes(LABEL_OWNER)]
-    return Snapshot(KIND, tuple(r for r in found if r is not None))
 
 
 class EngineHealth(TypedDict, total=False):
@@ -149,7 +131,7 @@ class Follower:
     def scan(self) -> Snapshot:
         """Every labelled container now. Raises EngineError when the engine does not answer."""
         try:
-            return self._sighted(_snapshot(self._engine))
+            return self._sighted(events.snapshot(self._engine))
         except ENGINE_ERRORS as err:
             raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
 
@@ -225,15 +207,15 @@ class Follower:
 
     def _follow(self, engine: api.Engine, notify: Notify, stop_fd: int) -> None:
         """Subscribe first, then report a Snapshot, then each event until the stream ends."""
-        since = self._since or _ns_time(time.time_ns() - SINCE_MARGIN_NS)
-        stream = engine.events(since, TYPES)
+        since = self._since or events.ns_time(time.time_ns() - SINCE_MARGIN_NS)
+        stream = engine.events(since, events.TYPES)
         with self._lock:
             # A stop asked for before the stream was kept here found none to close.
             if stopped(stop_fd):
                 stream.close()
                 return
             self._stream = stream
-        snap = self._sighted(_snapshot(engine))
+        snap = self._sighted(events.snapshot(engine))
         notify(snap)
         if self._followed:
             self.reconnects += 1
@@ -283,8 +265,8 @@ class Follower:
         nano = event.get("timeNano")
         if isinstance(nano, int):
             # Resume just after it: `since` includes events of that very nanosecond.
-            self._since = _ns_time(nano + 1)
-        change = _change(engine, event)
+            self._since = events.ns_time(nano + 1)
+        change = events.change(engine, event)
         if isinstance(change, Found):
             with self._lock:
                 self._seen.setdefault(change.resource.owner, compose.boot_time())
@@ -307,10 +289,11 @@ class Follower:
     def remove(
         self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
     ) -> list[Outcome]:
-        """Its containers first, compose projects as a whole (projects.py); then the
-        networks and volumes, its own and its whole projects', once no container uses them
-        (networks.py). A job may hold no container: networks and volumes carry owners too,
-        and one whose containers went before it (`compose down` without -v) left them."""
+        """Its pods (podman's, pods.py) and containers first, compose projects as a whole
+        (projects.py); then the networks and volumes, its own and its whole projects', once
+        no container uses them (networks.py). A job may hold no container: networks and
+        volumes carry owners too, and one whose containers went before it (`compose down`
+        without -v) left them."""
         outcomes = [
             self.refused(r, f"owned by {r.owner}, not {owner}")
             for r in resources
@@ -344,6 +327,13 @@ class Follower:
             ok, detail = attempt(functools.partial(self._engine.remove_container, cid))
             return Outcome(ok=ok, detail=detail, **_container(cid, name, project))
 
+        # Podman's pods first: their infra containers go only with them.
+        podded = pods.labelled(self._engine, owner, dry_run)
+        outcomes += podded.outcomes
+        for r in boxes:
+            if r.key in podded.spared:
+                outcomes.append(self.refused(r, podded.spared.pop(r.key)))
+                doomed.pop(r.key, None)
         if doomed:
             outcomes += self._removers.map(one, doomed.items())
         keys = {r.key for r in mine}
@@ -362,37 +352,3 @@ class Follower:
             raise EngineError(f"docker engine at {self.host}: {describe(err)}") from err
         found = (resource_of(KIND, c["Id"], name_of(c), c.get("Labels") or {}) for c in listed)
         return [r for r in found if r is not None and r.owner == owner]
-
-
-def _change(engine: api.Engine, event: dict[str, Any]) -> Change | None:
-    """What one event of the stream changes: a labelled container, network or volume
-    created (Found) or one destroyed (Gone), or nothing. A container's event carries its
-    labels; a volume's or network's none, so the new one is asked for its own (what raises
-    then makes the stream be followed again, after a listing). Raises what the engine does."""
-    type_, action = event.get("Type", CONTAINER), event.get("Action")
-    actor = event.get("Actor") or {}
-    ident, labels = actor.get("ID"), actor.get("Attributes") or {}
-    if type_ == VOLUME and not ident:  # podman 4.3 names a volume in its attributes alone
-        ident = labels.get("name")
-    if not ident or not isinstance(ident, str) or type_ not in TYPES:
-        return None
-    if type_ == CONTAINER and (LABEL_OWNER not in labels or kept(labels)):
-        return None
-    if action in GONE:
-        return Gone(KIND, key_of(type_, ident))
-    if action != "create":
-        return None
-    if type_ == CONTAINER:
-        res = resource_of(KIND, ident, labels.get("name", ""), labels)
-    else:
-        try:
-            listed = engine.volume(ident) if type_ == VOLUME else engine.network(ident)
-        except NotFound:  # gone already: its destroy follows
-            return None
-        res = other_of(KIND, type_, listed)
-    return None if res is None else Found(res)
-
-
-def _ns_time(ns: int) -> str:
-    """A `since` the engine reads to the nanosecond."""
-    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"

@@ -15,9 +15,10 @@ from exitwatch.agent.record import Recorder
 from exitwatch.agent.removals import Pending
 from exitwatch.kinds import registry
 from exitwatch.kinds.base import Resource, ResourceKind, Unavailable
-from exitwatch.owner import Owner, death
+from exitwatch.owner import Owner, current_machine_id, death, elsewhere
 from exitwatch.service.status.schema import (
     AgentInfo,
+    ElsewhereEntry,
     LastReconcile,
     OwnerEntry,
     PendingEntry,
@@ -39,8 +40,10 @@ def of_agent(
 
     def held() -> _Held:
         index = agent.index
+        here, away = _split({o: index.resources(o) for o in index.owners()})
         return {
-            "owners": [_owner(o, index.resources(o)) for o in sorted(index.owners())],
+            "owners": here,
+            "elsewhere": away,
             "pending": [_job(p) for p in agent.pending()],
             "reconcile": _reconcile(agent.periodic),
         }
@@ -48,13 +51,16 @@ def of_agent(
     doc: Status = {
         "schema": SCHEMA,
         "agent": info | {"uptime_s": round(time.time() - info["started_at"], 1)},
+        "machine": current_machine_id() or None,
         "owners": [],
+        "elsewhere": [],
         "pending": [],
     }
     _health(doc, {name: kind.health() for name, kind in kinds.items()})
     try:
         body = agent.ask(held)
-        doc |= {"owners": body["owners"], "pending": body["pending"]}
+        doc |= {"owners": body["owners"], "elsewhere": body["elsewhere"]}
+        doc["pending"] = body["pending"]
         doc["reconcile"] = body["reconcile"]
     except TimeoutError:
         doc["busy"] = BUSY
@@ -67,6 +73,7 @@ class _Held(TypedDict):
     """What the index holds, read on the agent's loop thread."""
 
     owners: list[OwnerEntry]
+    elsewhere: list[ElsewhereEntry]
     pending: list[PendingEntry]
     reconcile: Reconcile
 
@@ -106,24 +113,38 @@ def of_scan(kinds: Mapping[str, ResourceKind]) -> Status:
         skipped += snapshot.skipped
         for res in snapshot.resources:
             held.setdefault(res.owner, []).append(res)
-    owners: list[OwnerEntry] = []
-    pending: list[PendingEntry] = []
-    for owner in sorted(held):
-        why = death(owner)
-        if why is None:
-            owners.append(_owner(owner, held[owner]))
-        else:
-            pending.append(_pending(owner, why, held[owner]))
+    # Another machine's owner is never dead here (owner.death): it joins the live ones in
+    # _split, which tells them apart.
+    verdicts = {owner: death(owner) for owner in sorted(held)}
+    owners, away = _split({o: held[o] for o, why in verdicts.items() if why is None})
+    pending = [_pending(o, why, held[o]) for o, why in verdicts.items() if why is not None]
     doc: Status = {
         "schema": SCHEMA,
         "agent": None,
+        "machine": current_machine_id() or None,
         "owners": owners,
+        "elsewhere": away,
         "pending": pending,
         "skipped_markers": skipped,
         "not_listed": unlisted,
     }
     _health(doc, health)
     return doc
+
+
+def _split(held: Mapping[Owner, list[Resource]]) -> tuple[list[OwnerEntry], list[ElsewhereEntry]]:
+    """This machine's owners and other machines' (owner.elsewhere), each with what it
+    holds, in order."""
+    here: list[OwnerEntry] = []
+    away: list[ElsewhereEntry] = []
+    for owner in sorted(held):
+        why = elsewhere(owner)
+        if why is None:
+            here.append(_owner(owner, held[owner]))
+        else:
+            entry = _owner(owner, held[owner]) | {"machine": owner.machine, "why": why}
+            away.append(cast(ElsewhereEntry, entry))
+    return here, away
 
 
 def _owner(owner: Owner, held: Iterable[Resource]) -> OwnerEntry:

@@ -53,6 +53,14 @@ class OwnerEntry(TypedDict):
     processes: list[str]
 
 
+class ElsewhereEntry(OwnerEntry):
+    """An owner of another machine and what it holds here (a shared engine, a shared
+    filesystem): left alone, whether it lives or not, which this agent cannot tell."""
+
+    machine: str  # its machine id
+    why: str  # why it is not this machine's
+
+
 class PendingEntry(TypedDict):
     owner: str
     death: str
@@ -100,10 +108,12 @@ class Status(TypedDict):
 
     schema: int
     agent: AgentInfo | None
+    machine: str | None  # this machine's id (owner.py); None when it has none
     docker: NotRequired[DockerHealth]
     workdirs: NotRequired[WorkdirsHealth]
     processes: NotRequired[ProcessesHealth]
     owners: list[OwnerEntry]
+    elsewhere: list[ElsewhereEntry]
     pending: list[PendingEntry]
     # A running agent's only:
     busy: NotRequired[str]

@@ -26,6 +26,8 @@ def render(status: dict) -> str:
             noun = "marker" if skipped == 1 else "markers"
             out.append(f"  {skipped} {noun} skipped; `exitwatch reap --dry-run` lists them")
         out += [f"  not listed: {why}" for why in status.get("not_listed", ())]
+    if "machine" in status:  # a document of an agent before machine ids has none
+        out.append(f"  machine:  {status['machine'] or 'none (no machine id here)'}")
     for reg in registry.KINDS:  # each kind's health, as it words it
         health = status.get(reg.health_key) if reg.health_key else None
         if health:
@@ -42,6 +44,11 @@ def render(status: dict) -> str:
     out += ["", f"owners watched: {len(owners)}"]
     for owner in owners:
         out.extend(_owner_lines(owner))
+    away = status.get("elsewhere", [])
+    if away:
+        out += ["", f"other machines' owners, left alone: {len(away)}"]
+        for owner in away:
+            out.extend(_owner_lines(owner))
     pending = status.get("pending", [])
     out += ["", f"orphans pending: {len(pending)}"]
     for item in pending:
@@ -92,7 +99,8 @@ def _reconcile(rec: dict) -> str:
 
 def _owner_lines(owner: dict) -> list[str]:
     name = f", {owner['name']}" if owner.get("name") else ""
-    lines = [f"  {owner['owner']} (pid {owner['pid']}{name})"]
+    where = f", {owner['why']}" if owner.get("why") else ""
+    lines = [f"  {owner['owner']} (pid {owner['pid']}{name}{where})"]
     for reg in registry.KINDS:
         lines += reg.lines(owner)
     return lines

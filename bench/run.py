@@ -23,7 +23,7 @@ from pathlib import Path
 import docker
 import psutil
 
-from bench import adopt, engines, hooks, idle, latency, report, scale, storm, wrapper
+from bench import adopt, engines, hooks, idle, latency, page, report, scale, storm, wrapper
 from bench.engine import Engine
 from bench.procs import end_owners, spawn_owners
 
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.results).write_text(json.dumps(results, indent=2) + "\n")
     print(report.table(results))
     if args.docs:
-        report.update_docs(results, Path(args.docs), os.path.relpath(args.results, HERE.parent))
+        page.update_docs(results, Path(args.docs), os.path.relpath(args.results, HERE.parent))
     return 0
 
 

@@ -24,14 +24,19 @@ def run(
     root: str,
     poll_interval: float,
     find_engines: bool | None = None,
+    noise: bool = False,
 ) -> dict:
     """Latencies of one source over `trials` owners, each holding one running container and
     one workdir; every trial also times the two floors. `find_engines`: the agent's
-    --find-engines, or None for the config's default."""
+    --find-engines, or None for the config's default. `noise`: each trial also removes one
+    more floor container by the API just before the API floor, and the per-trial difference
+    of the two (`floor_noise_ms`) is what pairing two neighbouring removals that are the
+    same gives: the noise under the overhead."""
     owners = spawn_owners(trials)
     made = engine.create_for([o.owner for o in owners], 1, start=True)
     floor_api = engine.create(trials, start=True)
     floor_cli = engine.create(trials, start=True)
+    floor_before = engine.create(trials, start=True) if noise else []
     dirs = marked_dirs(root, owners, source)
     destroyed, gone = engine.destroyed(), Gone()
     agent = Agent(
@@ -47,7 +52,14 @@ def run(
         agent.start()
         result["ready_s"] = round(agent.wait_ready(), 3)
         result["watching"] = agent.watching()
-        lat_c, lat_w, api, cli, missed = [], [], [], [], 0
+        lat_c, lat_w, api, cli, before, missed = [], [], [], [], [], 0
+
+        def api_floor(cid: str) -> float:
+            at = time.monotonic()
+            engine.api.remove_container(cid, force=True, v=True)
+            destroyed.wait([cid], DEADLINE)
+            return _ms(destroyed.when(cid), at)
+
         paired_floor = []  # the API floor of each trial that was not missed
         for i, o in enumerate(owners):
             at = time.monotonic()
@@ -60,11 +72,10 @@ def run(
             destroyed.wait([floor_cli[i]], DEADLINE)
             cli.append(_ms(destroyed.when(floor_cli[i]), at))
 
+            if noise:
+                before.append(api_floor(floor_before[i]))
             # The API floor runs right before ours: the pair sees the same engine.
-            at = time.monotonic()
-            engine.api.remove_container(floor_api[i], force=True, v=True)
-            destroyed.wait([floor_api[i]], DEADLINE)
-            api.append(_ms(destroyed.when(floor_api[i]), at))
+            api.append(api_floor(floor_api[i]))
 
             gone.add(dirs[i])
             cid = made[o.owner][0]
@@ -88,6 +99,8 @@ def run(
         gone.close()
         end_owners(owners)
         engine.clean()
+    if noise:
+        result["floor_noise_ms"] = stats.paired(api, before)
     return result | {
         "poll_interval_s": poll_interval if source == "poll" else None,
         "missed": missed,

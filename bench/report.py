@@ -1,14 +1,11 @@
-"""The results as targets met or missed, a table for the terminal, and docs/benchmarks.md.
+"""The results as targets met or missed, and as rows of figures: a table for the terminal, and
+the rows of docs/benchmarks.md (page.py).
 
 Only measured figures appear: a section that did not run, or a source that was unavailable,
 shows as such rather than as a number."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-ANALYSIS_BEGIN = "<!-- analysis: kept as written when the harness rewrites this page -->"
-ANALYSIS_END = "<!-- end of analysis -->"
 _Q = ("p50", "p95", "p99", "max")
 # The engines section's reap-latency runs: its key, and who it is in the report.
 _PODMANS = (("rootful_podman", "rootful podman"), ("rootless_podman", "rootless podman"))
@@ -335,7 +332,7 @@ def _latency(section: str, name: str, r: dict) -> list[tuple[str, str, str]]:
         return [(section, name, f"unavailable: {r['unavailable']}")]
     dist = "p50 / p95 / p99 / max ms"
     n = f"{r['container_ms'].get('n', 0)} trials, {r['missed']} missed"
-    return [
+    out = [
         (section, f"{name}: SIGKILL -> container gone, {dist}", _dist(r["container_ms"])),
         (section, f"{name}: floor, engine DELETE force, {dist}", _dist(r["floor_api_ms"])),
         (section, f"{name}: floor, `docker rm -f` CLI, {dist}", _dist(r["floor_cli_ms"])),
@@ -344,6 +341,12 @@ def _latency(section: str, name: str, r: dict) -> list[tuple[str, str, str]]:
             f"{name}: overhead, per trial (ours - the API floor run just before), {dist}",
             _dist(r["overhead_ms"]),
         ),
+    ]
+    if "floor_noise_ms" in r:
+        what = f"{name}: noise, per trial (the API floor - one more run just before), {dist}"
+        out.append((section, what, _dist(r["floor_noise_ms"])))
+    return [
+        *out,
         (section, f"{name}: SIGKILL -> workdir gone, {dist}", _dist(r["workdir_ms"])),
         (section, f"{name}: trials", n),
     ]
@@ -384,38 +387,3 @@ def table(results: dict) -> str:
             f"{'met   ' if t['met'] else 'MISSED'} {t['section']:8} {t['target']}: {t['value']}"
         )
     return "\n".join(lines)
-
-
-def _analysis(path: Path) -> str:
-    """The hand-written analysis in the current page, if any."""
-    if not path.exists():
-        return ""
-    text = path.read_text()
-    if ANALYSIS_BEGIN in text and ANALYSIS_END in text:
-        return text.split(ANALYSIS_BEGIN, 1)[1].split(ANALYSIS_END, 1)[0].strip()
-    return ""
-
-
-def update_docs(results: dict, path: Path, results_rel: str) -> None:
-    template = (Path(__file__).with_name("benchmarks.md.in")).read_text()
-    m = results["machine"]
-    machine = "\n".join(f"| {k} | {v} |" for k, v in m.items())
-    figures = "\n".join(f"| {s} | {f} | {v} |" for s, f, v in rows(results))
-    tgt = "\n".join(
-        f"| {t['section']} | {t['target']} | {t['value']} | {'met' if t['met'] else '**missed**'} |"
-        for t in results["targets"]
-    )
-    sizes = "\n".join(f"| `BENCH_{k.upper()}` | {v} |" for k, v in results["sizes"].items())
-    page = template.format(
-        started=results["started"],
-        duration=results["duration_s"],
-        machine=machine,
-        figures=figures,
-        targets=tgt,
-        sizes=sizes,
-        results=results_rel,
-        analysis=f"{ANALYSIS_BEGIN}\n{_analysis(path)}\n{ANALYSIS_END}",
-        smoke=" (smoke sizes: not figures to quote)" if results["smoke"] else "",
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page)

@@ -17,12 +17,14 @@ DEBIAN_PY := /usr/bin/python3
 # the offline wheel build of tests/system/test_bpf_object.py (Debian 12 pulls it in, 13 not).
 # podman, podman-compose: the rootful podman of tests/support/podman.sh (4.3 and 1.0.3 on 12,
 # 5.4 and 1.3 on 13; rootful, so neither uidmap nor slirp4netns); catatonit: the init of the
-# pause image podman builds for a pod's infra container (only recommended by podman).
+# pause image podman builds for a pod's infra container (only recommended by podman), and a
+# rootless podman's pause process. rootlesskit, uidmap (newuidmap): a real user's rootless
+# dockerd and podman (tests/support/rootless.sh; docker.io has the rootless dockerd).
 APT_PACKAGES := docker.io docker-compose podman podman-compose catatonit busybox-static python3-venv python3-setuptools \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-pytest-xdist python3-hypothesis \
 	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base \
-	systemd e2fsprogs git
+	systemd e2fsprogs git rootlesskit uidmap
 # The release, from /etc/os-release: 13 moved the docker CLI out of docker.io into
 # docker-cli, which docker.io only Recommends (so an apt set not to install
 # recommendations would leave the suite without `docker`). 12 has no docker-cli package.

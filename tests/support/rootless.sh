@@ -231,18 +231,19 @@ descendants() {
 }
 
 # The processes whose real or effective uid is the user's or one of its subordinate ids
-# (what runs in its containers): their pids.
+# (what runs in its containers): their pids. Not zombies: they have ended, and are their
+# parent's (or init's) to reap.
 users_processes() {
     local ranges
     ranges=$(awk -F: -v u="$user" '$1 == u { print $2, $2 + $3 - 1 }' /etc/subuid)
-    ps -e -o pid=,ruid=,euid= | awk -v self=$$ -v uid="$uid" -v ranges="$ranges" '
+    ps -e -o pid=,ruid=,euid=,stat= | awk -v self=$$ -v uid="$uid" -v ranges="$ranges" '
         function ours(id,   i, n, r) {
             if (id == uid) return 1
             n = split(ranges, r, /[ \n]/)
             for (i = 1; i + 1 <= n; i += 2) if (id >= r[i] && id <= r[i + 1]) return 1
             return 0
         }
-        $1 != self && (ours($2) || ours($3)) { print $1 }'
+        $1 != self && $4 !~ /^Z/ && (ours($2) || ours($3)) { print $1 }'
 }
 
 purge() {

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import pwd
+import socket
 import subprocess
 import threading
 import time
@@ -112,7 +113,11 @@ class RootlessEngine:
     client: docker.DockerClient = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client = docker.DockerClient(base_url=self.host, timeout=60)
+        # The API version from /_ping, as the docker CLI and the agent take it: docker-py's
+        # "auto" asks GET /version, which panics in Debian 13's rootless dockerd 26 under
+        # rootlesskit --net=host (rootless.sh) and takes podman 0.4 to 1.2 s.
+        version = _ping_api_version(self.socket)
+        self.client = docker.DockerClient(base_url=self.host, version=version, timeout=60)
 
     @property
     def socket(self) -> Path:
@@ -154,6 +159,22 @@ class RootlessEngine:
     def clean(self) -> None:
         """Remove every container, network and volume, so that tests stay independent."""
         empty(self.client, self.start, BUILTIN_NETWORKS | {"podman"})  # podman's own network
+
+
+def _ping_api_version(path: Path) -> str:
+    """The Api-Version header of the engine's answer to /_ping at socket `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(path))
+        sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := sock.recv(4096)):
+            head += chunk
+    for line in head.decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "api-version":
+            return value.strip()
+    raise AssertionError(f"no Api-Version in the answer to /_ping at {path}: {head!r}")
 
 
 class Removals:

@@ -87,6 +87,15 @@ is_users() {
     is_live "$1" "$2" && [ "$(awk '/^Uid:/ { print $2 }' "/proc/$1/status" 2>/dev/null)" = "$uid" ]
 }
 
+# Whether pid $1 has not ended (nor become a zombie). Not is_users: a process just spawned
+# is setsid, setpriv and env before it is the engine, and its name says so for a moment.
+not_ended() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    case ${stat%% *} in Z | X | x) return 1 ;; esac
+}
+
 # /_ping, not `docker version`: under rootlesskit --net=host, dockerd 26's GET /version panics
 # (its RootlessKit details have no network driver), where 20.10's answered.
 answers() { curl -sf --max-time 10 --unix-socket "${1#unix://}" http://localhost/_ping >/dev/null 2>&1; }
@@ -172,7 +181,7 @@ start() {
     fi
     end=$((SECONDS + START_DEADLINE))
     until answers "$host"; do
-        if ! is_users "$pid" "$comm" || [ "$SECONDS" -ge "$end" ]; then
+        if ! not_ended "$pid" || [ "$SECONDS" -ge "$end" ]; then
             tail -n 15 "$log" >&2 || true
             die "$user's rootless $engine did not answer on $socket within ${START_DEADLINE}s (log: $log)"
         fi

@@ -14,10 +14,9 @@ import os
 import stat
 from dataclasses import dataclass
 
-from exitwatch.engine.url import Endpoint
+from exitwatch.engine.url import RUN_USER, Endpoint
 
 ROOT_PODMAN = "/run/podman/podman.sock"
-RUN_USER = "/run/user"
 # Where each rootless engine puts its socket under the user's runtime directory.
 USER_ENGINES = (("docker.sock", "rootless Docker"), ("podman/podman.sock", "rootless podman"))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -244,3 +245,45 @@ def _runtime_dir(user) -> Iterator[Path]:
         yield path
     finally:
         run(["rm", "-rf", "--one-file-system", str(path)])
+
+
+def test_exitwatch_run_as_the_user_in_front_of_its_rootless_engine(
+    rootless_engine: RootlessEngine, tmp_path: Path
+) -> None:
+    """The user runs `exitwatch run` with DOCKER_HOST at its own engine: what CMD makes
+    there is labelled with the run, and a root agent that finds the user's engine removes
+    it once the run is SIGKILLed."""
+    root = tmp_path / "root"
+    root.mkdir()
+    agents = Agents(None, root, tmp_path)
+    agent = agents.start("--find-engines")
+    name = f"ew-userrun-{rootless_engine.kind}"
+    script = (
+        f"docker run -d --network none --name {name} {rootless_engine.image} sleep 1000 "
+        ">/dev/null && echo made && exec sleep 1000"
+    )
+    argv = ("/usr/bin/python3", "-m", "exitwatch", "run", "--", "sh", "-c", script)
+    wrapper = rootless_engine.user.popen(
+        *argv, env={"DOCKER_HOST": rootless_engine.host}, stdout=subprocess.PIPE
+    )
+    try:
+        assert wrapper.stdout is not None and wrapper.stdout.readline() == b"made\n"
+        labels = rootless_engine.client.api.inspect_container(name)["Config"]["Labels"]
+        assert labels["exitwatch.owner"].split(":")[-2] == str(wrapper.pid)
+        wait_for(
+            lambda: any(o["pid"] == wrapper.pid for o in agent.status()["owners"]),
+            timeout=30,
+            what="the agent to hold the run's container on the user's engine",
+        )
+        wrapper.kill()
+        wrapper.wait()
+        wait_for(
+            lambda: not rootless_engine.exists("container", name),
+            timeout=30,
+            what="the run's container gone",
+        )
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+        agents.stop()

@@ -143,13 +143,16 @@ bench-smoke: deps bench-bins
 test-debian13:
 	tests/debian13.sh $(ARGS)
 
-# The .debs under a real systemd (tests/systemd/vm.sh): a Debian 12 VM image built from
-# Debian's packages, booted under qemu (software emulation), the tree's packages installed,
-# upgraded, run and removed there, with end-to-end checks over ssh. Slow; never part of
-# `make test` nor .ci/run (tests/README.md). ARGS: --reuse (any cached image) and/or --keep.
+# The .debs under a real systemd (tests/systemd/vm.sh): a Debian VM image built from Debian's
+# packages, booted under qemu (software emulation), the tree's packages installed, upgraded,
+# run and removed there, with end-to-end checks over ssh. Slow; never part of `make test`
+# nor .ci/run (tests/README.md). RELEASE: bookworm (the default, Debian 12) or trixie
+# (Debian 13), each with its own cached image. ARGS: --reuse (the release's cached image
+# whatever its key) and/or --keep.
+RELEASE ?= bookworm
 .PHONY: test-systemd
 test-systemd:
-	tests/systemd/vm.sh $(ARGS)
+	tests/systemd/vm.sh --release $(RELEASE) $(ARGS)
 
 # The soak (docs/reliability.md): owners die at random for SOAK_SECONDS (default 600) while
 # others live; fails on a leak or a wrong removal. Never part of `make test`.

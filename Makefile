@@ -17,12 +17,14 @@ DEBIAN_PY := /usr/bin/python3
 # the offline wheel build of tests/system/test_bpf_object.py (Debian 12 pulls it in, 13 not).
 # podman, podman-compose: the rootful podman of tests/support/podman.sh (4.3 and 1.0.3 on 12,
 # 5.4 and 1.3 on 13; rootful, so neither uidmap nor slirp4netns); catatonit: the init of the
-# pause image podman builds for a pod's infra container (only recommended by podman).
+# pause image podman builds for a pod's infra container (only recommended by podman), and a
+# rootless podman's pause process. rootlesskit, uidmap (newuidmap): a real user's rootless
+# dockerd and podman (tests/support/rootless.sh; docker.io has the rootless dockerd).
 APT_PACKAGES := docker.io docker-compose podman podman-compose catatonit busybox-static python3-venv python3-setuptools \
 	python3-psutil python3-docker python3-click python3-prometheus-client python3-h11 \
 	python3-pytest python3-pytest-xdist python3-hypothesis \
 	clang libbpf-dev gcc util-linux forkstat curl prometheus iproute2 man-db groff-base \
-	systemd e2fsprogs git
+	systemd e2fsprogs git rootlesskit uidmap
 # The release, from /etc/os-release: 13 moved the docker CLI out of docker.io into
 # docker-cli, which docker.io only Recommends (so an apt set not to install
 # recommendations would leave the suite without `docker`). 12 has no docker-cli package.
@@ -141,13 +143,16 @@ bench-smoke: deps bench-bins
 test-debian13:
 	tests/debian13.sh $(ARGS)
 
-# The .debs under a real systemd (tests/systemd/vm.sh): a Debian 12 VM image built from
-# Debian's packages, booted under qemu (software emulation), the tree's packages installed,
-# upgraded, run and removed there, with end-to-end checks over ssh. Slow; never part of
-# `make test` nor .ci/run (tests/README.md). ARGS: --reuse (any cached image) and/or --keep.
+# The .debs under a real systemd (tests/systemd/vm.sh): a Debian VM image built from Debian's
+# packages, booted under qemu (software emulation), the tree's packages installed, upgraded,
+# run and removed there, with end-to-end checks over ssh. Slow; never part of `make test`
+# nor .ci/run (tests/README.md). RELEASE: bookworm (the default, Debian 12) or trixie
+# (Debian 13), each with its own cached image. ARGS: --reuse (the release's cached image
+# whatever its key) and/or --keep.
+RELEASE ?= bookworm
 .PHONY: test-systemd
 test-systemd:
-	tests/systemd/vm.sh $(ARGS)
+	tests/systemd/vm.sh --release $(RELEASE) $(ARGS)
 
 # The soak (docs/reliability.md): owners die at random for SOAK_SECONDS (default 600) while
 # others live; fails on a leak or a wrong removal. Never part of `make test`.

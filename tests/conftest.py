@@ -29,11 +29,19 @@ import pytest
 from exitwatch.contract import ENV_HOOK_DIR
 from exitwatch.kinds.docker.kind import Containers
 from exitwatch.kinds.hooks.file import ensure_spool
-from exitwatch.owner import Owner, current_boot_id, death, owner_of
+from exitwatch.owner import Owner, owner_of
 
 from support import scratch
-from support.engine import ENGINE_SH, IMAGE, PrivateEngine, PrivatePodman
+from support.engine import (
+    ENGINE_SH,
+    IMAGE,
+    PrivateEngine,
+    PrivatePodman,
+    dead_sessions,
+    session_dir,
+)
 from support.procs import kill, run, spawn_owner
+from support.rootless import ENGINES, RootlessEngine, RootlessUser, session_user, started
 from support.runs import FakeRun
 from support.trees import lazy_umount_below
 from support.users import attacker_user
@@ -46,33 +54,19 @@ log = logging.getLogger(__name__)
 E = TypeVar("E", bound=PrivateEngine)
 
 
-def _session_dir(owner: Owner, base: Path = BASE) -> Path:
-    # Part of the boot id tells this boot's sessions from a previous boot's, in little room.
-    return base / f"{owner.boot_id[:8]}-{owner.pid}-{owner.starttime}"
-
-
 def _purge_dead_sessions(base: Path = BASE, script: Path = ENGINE_SH) -> None:
     """Purge the engines of sessions that died without stopping theirs."""
-    if not base.is_dir():
-        return
-    boot = current_boot_id()
-    for d in base.iterdir():
-        try:
-            prefix, pid, start = d.name.split("-")
-            alive = prefix == boot[:8] and death(Owner(boot, int(pid), int(start))) is None
-        except ValueError:
-            alive = False
-        if not alive:
-            done = run([str(script), "purge", str(d)], check=False)
-            if done.returncode != 0:
-                log.warning("could not purge the stale engine in %s: %s", d, done.stderr.strip())
+    for d in dead_sessions(base):
+        done = run([str(script), "purge", str(d)], check=False)
+        if done.returncode != 0:
+            log.warning("could not purge the stale engine in %s: %s", d, done.stderr.strip())
 
 
 def _private(cls: type[E], base: Path) -> Iterator[E]:
     """An engine of `cls` (its SCRIPT, its SOCKET) of this session's own under `base`,
     with the test image; purged at the end, as those of dead sessions are first."""
     _purge_dead_sessions(base, cls.SCRIPT)
-    d = _session_dir(owner_of(), base)
+    d = session_dir(base, owner_of())
     d.mkdir(parents=True, exist_ok=True)
     host = run([str(cls.SCRIPT), "start", str(d), str(d / cls.SOCKET)]).stdout.strip()
     client = docker.DockerClient(base_url=host)
@@ -100,11 +94,46 @@ def podman() -> Iterator[PrivatePodman]:
     yield from _private(PrivatePodman, PODMAN_BASE)
 
 
+@pytest.fixture(scope="session")
+def rootless_user() -> Iterator[RootlessUser]:
+    """A real unprivileged user of this session's own, with subordinate ids and a home, for
+    rootless engines (support/rootless.py); purged and deleted at the end."""
+    with session_user(owner_of()) as user:
+        yield user
+
+
+@pytest.fixture(scope="session")
+def rootless_docker(rootless_user: RootlessUser) -> Iterator[RootlessEngine]:
+    """The user's rootless dockerd, at /run/user/UID/docker.sock, with the test image."""
+    with started(rootless_user, "docker") as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def rootless_podman(rootless_user: RootlessUser) -> Iterator[RootlessEngine]:
+    """The user's rootless podman service, at /run/user/UID/podman/podman.sock, with the
+    test image."""
+    with started(rootless_user, "podman") as engine:
+        yield engine
+
+
+@pytest.fixture(params=ENGINES)
+def rootless_engine(request: pytest.FixtureRequest) -> RootlessEngine:
+    """Each of the user's rootless engines in turn (the test runs once per engine)."""
+    return request.getfixturevalue(f"rootless_{request.param}")
+
+
+ROOTLESS_ENGINES = tuple(f"rootless_{e}" for e in ENGINES)
+
+
 @pytest.fixture(autouse=True)
 def _engine_clean(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test that used the engine (or podman), remove what it left there."""
+    """After each test that used an engine (the private ones, a user's rootless ones), remove
+    what it left there."""
     used = [request.getfixturevalue(f) for f in ("engine", "podman") if f in request.fixturenames]
     yield
+    # A rootless engine a test had through `rootless_engine` is known only now.
+    used += [request.getfixturevalue(f) for f in ROOTLESS_ENGINES if f in request.fixturenames]
     for one in used:
         one.clean()
 
@@ -122,6 +151,7 @@ LONGEST_FIRST = (
     "test_deb.py",
     "test_proxy.py",
     "test_faults.py",
+    "test_rootless.py",
     "test_run_engine.py",
     "test_agent.py",
     "test_operations.py",
@@ -154,7 +184,8 @@ ONE_PASS = {
     "debian": (
         # What no library of the other pass is under, on the interpreter the .deb runs on:
         # the docker kind, which speaks to the engine with the standard library alone
-        # (engine/http.py), its engine calls and the agent end to end (click's
+        # (engine/http.py), its engine calls and the agent end to end, on users' rootless
+        # engines too (click's
         # side, the command line, in test_cli_errors.py and test_run.py); and the
         # product's own rules, reached through calls that the files of both passes make
         # too: adopt's transparency (test_proxy.py proves the same proxy, for the run's
@@ -163,6 +194,7 @@ ONE_PASS = {
         # (test_cli_errors.py has click's side in both), two machines on one engine.
         "test_docker.py",
         "test_agent.py",
+        "test_rootless.py",
         "test_unixhttp.py",
         "test_engine_load.py",
         "test_labelled.py",
@@ -186,6 +218,8 @@ ONE_PASS = {
         "test_run_podman.py",
         "test_adopt_podman.py",
         "test_machines.py",
+        # Every engine at once: the podman and rootless ones are the Debian pass's.
+        "test_every_engine.py",
     ),
 }
 
@@ -210,10 +244,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `-m "not engine"` then skips every test that needs Docker (or podman).
+    # `-m "not engine"` then skips every test that needs Docker (or podman, or a user's
+    # rootless engines); `-m "not rootless"` those that need a user's rootless engines.
     for item in items:
-        if {"engine", "podman"} & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        rootless = any(name.startswith("rootless_") for name in names)
+        if {"engine", "podman"} & names or rootless:
             item.add_marker(pytest.mark.engine)
+        if rootless:
+            item.add_marker(pytest.mark.rootless)
     if this := config.getoption("suite_pass"):
         others = {name for p, names in ONE_PASS.items() if p != this for name in names}
         if gone := [item for item in items if item.path.name in others]:

@@ -69,13 +69,11 @@ class Agent:
         self.source = source
         self.recorder = recorder or Recorder()
         self.index = Index()
-        self._watchdog = watchdog
-        self._watchdog_interval = watchdog_interval
+        self._watchdog, self._watchdog_interval = watchdog, watchdog_interval
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._removals = Removals(settings, self.recorder, self._queue.put)
         self._awaiting_snapshot = set(self.kinds)
-        self._lost_logged = float("-inf")
-        self._lost_unlogged = 0
+        self._lost_logged, self._lost_unlogged = float("-inf"), 0
         self._resync_since: float | None = None  # hints were lost; re-check once caught up
         self._rechecks = Rechecks()
         self._elsewhere = elsewhere.Elsewhere()
@@ -289,14 +287,12 @@ class Agent:
                     fresh.append(res)
                     self._handle(Found(res))
             listing = {r.key for r in snap.resources}
-            for key in self.index.keys(snap.kind) - listing:
-                if snap.covers(key):
-                    self._handle(Gone(snap.kind, key))
+            for key in filter(snap.covers, self.index.keys(snap.kind) - listing):
+                self._handle(Gone(snap.kind, key))
             # What was given up and is gone now left the index, so no Gone comes for it.
             self._removals.forget_missing(snap.kind, listing, snap.covers)
         # Every owner is judged again, not only those the listings brought: one whose
-        # judgement was lost on any path would otherwise be held for good. One /proc read
-        # each.
+        # judgement was lost on any path would otherwise be held for good.
         now = time.monotonic()
         for owner in self.index.owners():
             if not self._rechecks.waiting(owner):

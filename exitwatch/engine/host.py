@@ -14,10 +14,9 @@ import os
 import stat
 from dataclasses import dataclass
 
-from exitwatch.engine.url import Endpoint
+from exitwatch.engine.url import RUN_USER, Endpoint
 
 ROOT_PODMAN = "/run/podman/podman.sock"
-RUN_USER = "/run/user"
 # Where each rootless engine puts its socket under the user's runtime directory.
 USER_ENGINES = (("docker.sock", "rootless Docker"), ("podman/podman.sock", "rootless podman"))
 
@@ -29,14 +28,16 @@ class Found:
 
 
 def find(run_user: str = RUN_USER, root_podman: str = ROOT_PODMAN) -> list[Found]:
-    """The engines whose sockets are there now, root's podman first, then by uid. What
-    cannot be read is not there (a runtime directory going as its user logs out)."""
+    """The engines whose sockets are there now, root's podman first, then by uid. A socket
+    that is not there is not (a runtime directory going as its user logs out). Raises
+    OSError when `run_user` cannot be listed (a full fd table): that proves nothing of
+    the engines in it."""
     found = []
     if _socket_of(root_podman, 0):
         found.append(Found(Endpoint.owned(root_podman, 0), "root's podman"))
     try:
         names = os.listdir(run_user)
-    except OSError:
+    except FileNotFoundError:
         names = []
     for uid in sorted(int(n) for n in names if n.isdigit() and len(n) < 11):
         for rel, what in USER_ENGINES:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_URL = "unix:///var/run/docker.sock"
+RUN_USER = "/run/user"  # where each user's runtime directory is, /run/user/UID
 ENV = "DOCKER_HOST"
 SCHEME = "unix"
 # What an engine URL must be, in the words of every error about one (config's checks too).
@@ -71,11 +72,18 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
-        """Raises EndpointError for a URL that is not a unix:// socket's."""
+        """Raises EndpointError for a URL that is not a unix:// socket's. A socket in a
+        user's runtime directory (/run/user/UID/...) is reached as that user's alone, even
+        when root names it: the directory is the user's to change under it."""
         scheme, _, rest = url.strip().partition("://")
         path = "/" + rest.lstrip("/")
         if scheme != SCHEME or path == "/":
             raise EndpointError(url)
+        # /var/run is a symlink to /run, which a walk that follows none would refuse.
+        inside = "/run/" + path.removeprefix("/var/run/") if path.startswith("/var/run/") else path
+        uid, _, rel = inside.removeprefix(RUN_USER + "/").partition("/")
+        if inside.startswith(RUN_USER + "/") and uid.isdigit() and len(uid) < 11 and rel:
+            return cls(url, inside, int(uid))
         return cls(url, path)
 
     def __str__(self) -> str:

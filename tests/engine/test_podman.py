@@ -88,6 +88,24 @@ def wait_all_gone(podman: PrivatePodman, made: Made, what: str) -> float:
     return time.monotonic() - start
 
 
+def test_what_was_made_while_the_agent_was_away_goes_at_its_start(
+    podman: PrivatePodman, tmp_path: Path
+) -> None:
+    # First in the module: the module's agent, once started, follows this podman, and on
+    # podman lists its networks every second; it would take the dead owner's network
+    # before the container that uses it is started.
+    made = make_three(podman, "before", dead_labels())
+    # A network alone: podman 4.3 sends no event of a network's creation, so a listing is
+    # all that finds it (docs/podman.md).
+    lone = podman.client.api.create_network("lone-net", labels=dead_labels())["Id"]
+    agents = Agents(podman.host, tmp_path, tmp_path)
+    try:
+        agents.start()
+        wait_all_gone(podman, [*made, ("network", lone)], "what the start-up listing found")
+    finally:
+        agents.stop()
+
+
 def test_a_killed_owners_container_network_and_volume_go_within_a_second(
     podman: PrivatePodman, agent: Agent
 ) -> None:
@@ -182,21 +200,6 @@ def test_a_killed_owners_compose_project_goes_as_a_whole(
     # The named volume carries no owner: it is the project's, which compose down -v removes;
     # exitwatch removes volumes that carry the owner's label (docs/contract.md).
     assert podman.client.api.volumes(filters={"label": f"{LABEL_COMPOSE_PROJECT}={project}"})
-
-
-def test_what_was_made_while_the_agent_was_away_goes_at_its_start(
-    podman: PrivatePodman, tmp_path: Path
-) -> None:
-    made = make_three(podman, "before", dead_labels())
-    # A network alone: podman 4.3 sends no event of a network's creation, so a listing is
-    # all that finds it (docs/podman.md).
-    lone = podman.client.api.create_network("lone-net", labels=dead_labels())["Id"]
-    agents = Agents(podman.host, tmp_path, tmp_path)
-    try:
-        agents.start()
-        wait_all_gone(podman, [*made, ("network", lone)], "what the start-up listing found")
-    finally:
-        agents.stop()
 
 
 def test_what_was_made_while_podmans_service_was_down_goes_at_the_reconnect(

@@ -41,7 +41,7 @@ def quiet_config(directory: Path | str) -> str:
 
 def agent_argv(
     source: str,
-    docker_host: str,
+    docker_host: str | None,
     *roots: Path,
     extra: tuple[str, ...] = (),
     leftovers: bool = False,
@@ -49,7 +49,9 @@ def agent_argv(
     """The command line of an agent following `source`, with a short poll interval, and
     its status socket, audit log and hook spool in a fresh directory of its own (never the
     system's). Without `leftovers`, the process kind is off, unless `extra` names a config
-    file (which then says, with NO_LEFTOVERS)."""
+    file (which then says, with NO_LEFTOVERS). A `docker_host` of None gives no
+    --docker-host: the agent follows the engines it finds (and DOCKER_HOST's, or the
+    default socket's)."""
     state = tempfile.mkdtemp(prefix="exitwatch-agent-")  # short: a socket path
     atexit.register(shutil.rmtree, state, True)
     if not leftovers and "--config" not in extra:
@@ -61,8 +63,7 @@ def agent_argv(
         "agent",
         "--source",
         source,
-        "--docker-host",
-        docker_host,
+        *(["--docker-host", docker_host] if docker_host is not None else []),
         "--poll-interval",
         "0.2",
         "--status-socket",
@@ -159,7 +160,7 @@ class Agents:
     """The agents one test starts against `docker_host` with workdirs under `root`, each
     logging to a file of its own in `logs`; stop() ends them all (a fixture's teardown)."""
 
-    def __init__(self, docker_host: str, root: Path, logs: Path) -> None:
+    def __init__(self, docker_host: str | None, root: Path, logs: Path) -> None:
         self.docker_host, self.root, self.logs = docker_host, root, logs
         self.started: list[Agent] = []
 

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import os
 import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +17,61 @@ import docker
 import docker.errors
 import docker.utils
 
+from exitwatch.owner import Owner, current_boot_id, death
+
 from support.procs import run
 
 ENGINE_SH = Path(__file__).with_name("engine.sh")
 PODMAN_SH = Path(__file__).with_name("podman.sh")
 IMAGE = "exitwatch-test/busybox:latest"
 BUILTIN_NETWORKS = {"bridge", "host", "none"}
+
+
+def session_dir(base: Path, owner: Owner) -> Path:
+    """The directory below `base` of the test session whose process is `owner`: named after
+    it, so that a later session can tell that it died (dead_sessions)."""
+    # Part of the boot id tells this boot's sessions from a previous boot's, in little room.
+    return base / f"{owner.boot_id[:8]}-{owner.pid}-{owner.starttime}"
+
+
+def dead_sessions(base: Path) -> Iterator[Path]:
+    """The session directories below `base` whose sessions died without removing them."""
+    if not base.is_dir():
+        return
+    boot = current_boot_id()
+    for d in base.iterdir():
+        try:
+            prefix, pid, start = d.name.split("-")
+            alive = prefix == boot[:8] and death(Owner(boot, int(pid), int(start))) is None
+        except ValueError:
+            alive = False
+        if not alive:
+            yield d
+
+
+def empty(
+    client: docker.DockerClient, start: Callable[[], None], keep: set[str] = BUILTIN_NETWORKS
+) -> None:
+    """Remove every container, network (but those named in `keep`: the engine's own) and
+    volume, so that tests stay independent; `start` the engine first if it does not answer
+    (a test stopped it and failed before it could start it again)."""
+    try:
+        client.ping()
+    except docker.errors.DockerException:
+        start()
+    api = client.api
+    for c in api.containers(all=True):
+        with contextlib.suppress(docker.errors.NotFound):
+            api.remove_container(c["Id"], force=True, v=True)
+    for n in api.networks():
+        if n["Name"] not in keep:
+            with contextlib.suppress(docker.errors.NotFound):
+                api.remove_network(n["Id"])
+    # From API 1.42 (Docker 23) a prune takes only anonymous volumes unless told "all";
+    # older engines (podman 4.3 answers 1.41) refuse that filter, and prune named ones too
+    # without it.
+    everything = {"all": "true"} if docker.utils.version_gte(api.api_version, "1.42") else None
+    api.prune_volumes(filters=everything)
 
 
 @functools.cache
@@ -77,22 +127,7 @@ class PrivateEngine:
 
     def clean(self) -> None:
         """Remove every container, network and volume, so that tests stay independent."""
-        try:
-            self.client.ping()
-        except docker.errors.DockerException:
-            self.start()  # a test stopped it and failed before it could restore it
-        api = self.client.api
-        for c in api.containers(all=True):
-            with contextlib.suppress(docker.errors.NotFound):
-                api.remove_container(c["Id"], force=True, v=True)
-        for n in api.networks():
-            if n["Name"] not in BUILTIN_NETWORKS:
-                with contextlib.suppress(docker.errors.NotFound):
-                    api.remove_network(n["Id"])
-        # From API 1.42 (Docker 23) a prune takes only anonymous volumes unless told "all";
-        # older engines refuse that filter, and prune named ones too without it.
-        everything = {"all": "true"} if docker.utils.version_gte(api.api_version, "1.42") else None
-        api.prune_volumes(filters=everything)
+        empty(self.client, self.start)
 
 
 class PrivatePodman(PrivateEngine):

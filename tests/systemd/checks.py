@@ -1,5 +1,5 @@
-"""The end-to-end checks of `make test-systemd`, run by tests/systemd/vm.sh in its Debian 12 VM,
-as root, under a systemd that is PID 1:
+"""The end-to-end checks of `make test-systemd`, run by tests/systemd/vm.sh in its Debian 12 or
+13 VM, as root, under a systemd that is PID 1:
 
     python3 checks.py DEBS_DIR
 

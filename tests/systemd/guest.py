@@ -159,7 +159,8 @@ def running(name: str = "exitwatch") -> bool:
 def callbacks() -> str:
     """Where libffi put the agent's ctypes callbacks: under MemoryDenyWriteExecute=yes a
     libffi without static trampolines (bookworm's) maps them from a memfd, MAP_SHARED, which
-    a fork shares (docs/changes.md, the SIGABRT at start)."""
+    a fork shares (docs/changes.md, the SIGABRT at start). Trixie's (3.4.8) does the same:
+    its first run here saw the 2 mappings that bookworm's show."""
     with open(f"/proc/{main_pid()}/maps") as f:
         shared = sum("/memfd:libffi" in line for line in f)
     return f"{shared} shared memfd mapping(s)" if shared else "no shared mapping"

@@ -1,8 +1,8 @@
 #!/bin/bash
-# The Debian 12 (bookworm) VM image of `make test-systemd` (tests/systemd/vm.sh), built from
-# Debian's packages alone:
+# The Debian VM image of `make test-systemd` (tests/systemd/vm.sh), Debian 12 (bookworm) or
+# 13 (trixie), built from Debian's packages alone:
 #
-#   tests/systemd/image.sh DIR
+#   tests/systemd/image.sh DIR [RELEASE]     (RELEASE: bookworm, the default, or trixie)
 #
 # makes, in DIR: root.img (a raw ext4 file system, made by `mkfs.ext4 -d` from a
 # debootstrapped root: no partition table, no boot loader, no loop device, no root-only
@@ -17,8 +17,14 @@
 # create containers as runners do. The exitwatch packages' dependencies are in the image, so
 # that the .debs install with no network: the guest has none but qemu's port forward.
 #
-# vm.sh names DIR after a hash of this file, so that any change to the package list or the
-# steps below builds a new image; --reuse takes the newest image there whatever its hash.
+# What differs between the two is named below, with the release: trixie's docker.io only
+# Recommends the docker CLI (docker-cli). Every bookworm debootstrap has a trixie script (a
+# link to sid's, since 1.0.125), but trixie dropped usr-is-merged, which debootstraps before
+# 1.0.128+nmu2+deb12u2 (Debian 12.9) still pull in: vm.sh upgrades an older one.
+#
+# vm.sh names DIR after the release and a hash of this file, so that any change to the
+# package list or the steps below builds a new image; --reuse takes the release's newest
+# image there whatever its hash.
 # DEBIAN_MIRROR picks the mirror (default http://deb.debian.org/debian).
 set -euo pipefail
 
@@ -32,11 +38,19 @@ PACKAGES=(
     python3-click python3-psutil python3-h11 libbpf1 python3-prometheus-client
     procps iproute2 util-linux kmod ca-certificates
 )
+declare -A RELEASE_PACKAGES=(
+    [bookworm]=""
+    [trixie]="docker-cli"
+)
 
 die() { echo "image.sh: $*" >&2; exit 1; }
 
-[ $# = 1 ] || die "usage: image.sh DIR"
+[ $# = 1 ] || [ $# = 2 ] || die "usage: image.sh DIR [bookworm|trixie]"
 dir=$1
+release=${2:-bookworm}
+[ -n "${RELEASE_PACKAGES[$release]+set}" ] || die "unknown release $release (bookworm or trixie)"
+# shellcheck disable=SC2206  # a word list on purpose
+PACKAGES+=(${RELEASE_PACKAGES[$release]})
 root=$dir/root
 mkdir -p "$dir"
 rm -rf --one-file-system "$root" "$dir/root.img" "$dir/.complete"
@@ -52,14 +66,14 @@ cleanup() {
 trap cleanup EXIT
 
 include=$(IFS=,; echo "${PACKAGES[*]}")
-echo "image.sh: debootstrap bookworm (${#PACKAGES[@]} packages named, and their dependencies)"
-debootstrap --variant=minbase --include="$include" bookworm "$root" "$MIRROR" \
+echo "image.sh: debootstrap $release (${#PACKAGES[@]} packages named, and their dependencies)"
+debootstrap --variant=minbase --include="$include" "$release" "$root" "$MIRROR" \
     >"$dir/debootstrap.log" 2>&1 || die "debootstrap failed: $(tail -n 5 "$dir/debootstrap.log")"
 
 cat >"$root/etc/apt/sources.list" <<APT
-deb $MIRROR bookworm main
-deb $MIRROR bookworm-updates main
-deb http://deb.debian.org/debian-security bookworm-security main
+deb $MIRROR $release main
+deb $MIRROR $release-updates main
+deb http://deb.debian.org/debian-security $release-security main
 APT
 echo exitwatch-rig >"$root/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\texitwatch-rig\n' >"$root/etc/hosts"
@@ -81,6 +95,9 @@ ln -sf /lib/systemd/system/systemd-networkd.service \
 ln -sf /dev/null "$root/etc/systemd/system/systemd-networkd-wait-online.service"
 # A serial getty is of no use here: the console is a log file.
 ln -sf /dev/null "$root/etc/systemd/system/serial-getty@ttyS0.service"
+# Nor a first-boot wizard, which would wait for answers on that console if systemd took the
+# empty machine-id below for a first boot (252 does not; it is no promise of later ones).
+ln -sf /dev/null "$root/etc/systemd/system/systemd-firstboot.service"
 
 # Root logs in with the key alone; nothing else does.
 ssh-keygen -q -t ed25519 -N '' -C exitwatch-rig -f "$dir/id_ed25519"

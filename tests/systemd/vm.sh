@@ -1,16 +1,20 @@
 #!/bin/bash
-# `make test-systemd`: the Debian packages under a real systemd, PID 1 of a Debian 12 VM
-# (issue 27). Our machines' PID 1 is not systemd, so the units are otherwise only checked
-# offline (`systemd-analyze verify`); here they run, hardened as shipped. Slow (software
-# emulation), so never part of `make test` nor of .ci/run (tests/README.md).
+# `make test-systemd`: the Debian packages under a real systemd, PID 1 of a Debian 12 VM, or
+# of a Debian 13 one (issue 27). Our machines' PID 1 is not systemd, so the units are
+# otherwise only checked offline (`systemd-analyze verify`); here they run, hardened as
+# shipped. Slow (software emulation), so never part of `make test` nor of .ci/run
+# (tests/README.md).
 #
-#   tests/systemd/vm.sh [--reuse] [--keep]
+#   tests/systemd/vm.sh [--release bookworm|trixie] [--reuse] [--keep]
 #
-# 1. The image (tests/systemd/image.sh): debootstrapped bookworm with systemd, openssh-server,
-#    docker.io, apparmor, linux-image-amd64, busybox-static, python3 and what the .debs
-#    depend on, as a raw ext4 image made by `mkfs.ext4 -d`. Cached in $CACHE/images/KEY,
-#    KEY a hash of image.sh (its package list and steps): built again only when image.sh
-#    changes. --reuse takes the newest complete image whatever its key.
+# 1. The image (tests/systemd/image.sh): a debootstrapped release, bookworm (systemd 252,
+#    the default) or trixie (systemd 257), with systemd, openssh-server, docker.io,
+#    apparmor, linux-image-amd64, busybox-static, python3 and what the .debs depend on, as
+#    a raw ext4 image made by `mkfs.ext4 -d`. Cached in $CACHE/images/RELEASE-KEY, KEY a
+#    hash of image.sh (its package lists and steps): built again only when image.sh
+#    changes. --reuse takes the release's newest complete image whatever its key. The .debs
+#    are the same for both: built here, on bookworm (arch:all Python, and the eBPF object
+#    with libbpf1 and python3 as its only dependencies, which trixie has too).
 # 2. The .debs: the tree's (`make deb`), and the previous build's: the tree at the parent of
 #    the newest commit that changed the product (exitwatch/, packaging/, pyproject.toml),
 #    built the same way, cached by that commit, with its version lowered (VERSION~prev) so
@@ -52,7 +56,8 @@ timed() {
     return "$rc"
 }
 
-# What a fresh Debian 12 machine lacks for this script, installed with apt.
+# What a fresh Debian 12 machine lacks for this script, installed with apt. A trixie image
+# needs a debootstrap of Debian 12.9 or later (image.sh says why): an older one is upgraded.
 tools() {
     local missing=() pair
     for pair in qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils debootstrap:debootstrap \
@@ -60,6 +65,10 @@ tools() {
         git:git make:make; do
         PATH=$HOST_PATH command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
     done
+    if [ "$release" != bookworm ] && ! dpkg --compare-versions \
+        "$(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null)" ge 1.0.128+nmu2+deb12u2; then
+        missing+=(debootstrap)
+    fi
     [ ${#missing[@]} = 0 ] && return 0
     say "apt: installing ${missing[*]}"
     apt-get update -qq
@@ -73,19 +82,23 @@ IMAGE_DIR=
 image() {
     local key
     key=$(sha256sum "$here/image.sh" | cut -c1-16)
-    IMAGE_DIR=$CACHE/images/$key
+    IMAGE_DIR=$CACHE/images/$release-$key
     if [ ! -e "$IMAGE_DIR/.complete" ] && [ -n "$reuse" ]; then
-        IMAGE_DIR=$(ls -1dt "$CACHE"/images/*/.complete 2>/dev/null | head -n 1 | xargs -r dirname)
-        [ -n "$IMAGE_DIR" ] || die "--reuse: no complete image in $CACHE/images"
+        IMAGE_DIR=$(ls -1dt "$CACHE/images/$release"-*/.complete 2>/dev/null | head -n 1 |
+            xargs -r dirname)
+        [ -n "$IMAGE_DIR" ] || die "--reuse: no complete $release image in $CACHE/images"
         say "--reuse: $IMAGE_DIR (image.sh has changed since)"
     fi
     if [ -e "$IMAGE_DIR/.complete" ]; then
         say "image: $IMAGE_DIR (cached)"
         return 0
     fi
-    PATH=$HOST_PATH "$here/image.sh" "$IMAGE_DIR"
-    # Older images are of no use once image.sh has changed.
+    PATH=$HOST_PATH "$here/image.sh" "$IMAGE_DIR" "$release"
+    # The release's older images are of no use once image.sh has changed, nor are those
+    # named by the hash alone (before there was a choice of release); the other release's
+    # stay, for its next run.
     find "$CACHE/images" -mindepth 1 -maxdepth 1 -type d ! -path "$IMAGE_DIR" \
+        \( -name "$release-*" -o ! -name "*-*" \) \
         -exec rm -rf --one-file-system {} + 2>/dev/null || true
 }
 
@@ -215,14 +228,25 @@ stop_vm() {
 # it, so that editing the script during a run does not change the run.
 main() {
     [ "$(id -u)" = 0 ] || die "run me as root"
-    reuse= keep=
-    for arg; do
-        case $arg in
+    reuse= keep= release=bookworm
+    while [ $# -gt 0 ]; do
+        case $1 in
             --reuse) reuse=1 ;;
             --keep) keep=1 ;;
-            *) die "unknown argument $arg (usage: vm.sh [--reuse] [--keep])" ;;
+            --release)
+                [ $# -gt 1 ] || die "--release needs bookworm or trixie"
+                release=$2
+                shift
+                ;;
+            --release=*) release=${1#--release=} ;;
+            *) die "unknown argument $1 (usage: vm.sh [--release R] [--reuse] [--keep])" ;;
         esac
+        shift
     done
+    case $release in
+        bookworm | trixie) ;;
+        *) die "unknown release $release (bookworm or trixie)" ;;
+    esac
     here=$(cd "$(dirname "$0")" && pwd)
     top=$(cd "$here/../.." && pwd)
     mkdir -p "$CACHE/images" "$CACHE/prev"
@@ -242,7 +266,7 @@ main() {
     timed "the checks" checks || true
     [ -n "$keep" ] || timed "power off" stop_vm
     printf '  %s\n' "${TIMES[@]}" >&2
-    say "logs: $run (checks.log, console.log, journal.txt); $((SECONDS - started)) s in all"
+    say "logs: $run (checks.log, console.log, journal.txt); $release, $((SECONDS - started)) s"
     passed=$(grep -c '^PASS ' "$run/checks.log" || true)
     failed=$(grep -c '^FAIL ' "$run/checks.log" || true)
     echo "$passed passed, $failed failed"

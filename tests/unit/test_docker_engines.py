@@ -121,9 +121,12 @@ def test_engines_found_are_followed_once_each_as_they_appear(fakes, tmp_path) ->
     fakes[user.url] = fakes.pop(TWO)
     found: list[FoundEngine] = []
     looks: list[int] = []
+    failing: list[OSError] = []
 
     def finder() -> list[FoundEngine]:
         looks.append(len(found))
+        if failing:
+            raise failing[0]
         return list(found)
 
     kind = Containers(ONE, client=connect(fakes), find=True, finder=finder)
@@ -155,6 +158,15 @@ def test_engines_found_are_followed_once_each_as_they_appear(fakes, tmp_path) ->
             lambda: any(isinstance(c, Found) and c.resource.key.startswith(mine) for c in seen),
             what="a create on the found engine",
         )
+        # A look that fails (a full fd table) proves nothing: the engine stays followed, and
+        # nothing of it is forgotten.
+        failing.append(OSError(24, "Too many open files"))
+        before = len(looks)
+        wait_for(lambda: len(looks) >= before + 2, what="two failed looks", timeout=10)
+        assert len(kind.health()["engines"]) == 2
+        assert not [
+            c for c in seen if isinstance(c, Snapshot) and c.scopes == mine and not c.resources
+        ]
     finally:
         kind.stop()
         listening.close()

@@ -94,3 +94,18 @@ def test_a_directory_anybody_may_change_is_not_gone_through(tmp_path: Path) -> N
 def test_a_socket_not_there_is_an_ordinary_connection_error(private: Path) -> None:
     with pytest.raises(FileNotFoundError):
         Endpoint.owned(str(private / "gone.sock"), ME).connect(5)
+
+
+@pytest.mark.parametrize(
+    ("url", "where", "owner"),
+    [
+        ("unix:///run/user/1000/docker.sock", "/run/user/1000/docker.sock", 1000),
+        ("unix:///var/run/user/1000/podman/podman.sock", "/run/user/1000/podman/podman.sock", 1000),
+        ("unix:///var/run/docker.sock", "/var/run/docker.sock", None),
+        ("unix:///run/user/docker.sock", "/run/user/docker.sock", None),
+        ("unix:///run/user/1000", "/run/user/1000", None),
+    ],
+)
+def test_a_given_socket_in_a_users_runtime_directory_is_that_users(url, where, owner) -> None:
+    endpoint = Endpoint.parse(url)
+    assert (endpoint.where, endpoint.owner, endpoint.url) == (where, owner, url)

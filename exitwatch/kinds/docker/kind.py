@@ -205,7 +205,10 @@ class Containers(ResourceKind):
         within SCAN_DEADLINE, as the whole truth of those engines. Raises EngineError when
         none answers; one that does not is said in the log."""
         if self._find and self._notify is None:  # a one-shot scan: no finder thread runs
-            self._found(self._finder())
+            try:
+                self._found(self._finder())
+            except OSError as err:
+                log.warning("cannot look for the host's engines: %s; the others are listed", err)
         engines = self._all()
         futures = {e.scope: self._jobs.submit(e.follower.scan) for e in engines}
         resources: list[Resource] = []
@@ -249,9 +252,15 @@ class Containers(ResourceKind):
         self._jobs.shutdown(wait=False, cancel_futures=True)
 
     def _look_for_engines(self, stop_fd: int) -> None:
+        said = None  # the last failure to look, said once
         while not stopped(stop_fd):
             try:
                 self._found(self._finder())
+                said = None
+            except OSError as err:  # proves nothing: the engines followed stay followed
+                if str(err) != said:
+                    log.warning("cannot look for the host's engines now: %s", err)
+                said = str(err)
             except Exception:  # a bug: the thread must outlive it, and say so
                 log.exception("engine finder: unexpected error")
             if wait(stop_fd, None, FIND_EVERY):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import subprocess
 import threading
 import time
@@ -22,41 +23,54 @@ from exitwatch.owner import Owner
 
 SUPPORT = Path(__file__).resolve().parent.parent / "tests" / "support"
 ENGINE_SH = SUPPORT / "engine.sh"
-# kind -> (its script, the socket's name in its directory, the event that says a container
-# is gone: podman sends `remove` where Docker sends `destroy`, docs/podman.md)
-KINDS = {
-    "docker": (ENGINE_SH, "docker.sock", "destroy"),
-    "podman": (SUPPORT / "podman.sh", "podman.sock", "remove"),
-}
+PODMAN_SH = SUPPORT / "podman.sh"
+ROOTLESS_SH = SUPPORT / "rootless.sh"
 IMAGE = "exitwatch-test/busybox:latest"
 FLOOR_LABEL = "exitwatch.bench"  # floor containers: the same kind, but nobody's
 THREADS = 16
 
 
 class Engine:
-    def __init__(self, directory: str, kind: str = "docker") -> None:
-        self.dir, self.kind = directory, kind
-        script, socket, self.gone_event = KINDS[kind]
-        self.script = str(script)
-        done = subprocess.run(
-            [self.script, "start", directory, os.path.join(directory, socket)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+    """`kind` "docker" (engine.sh) or "podman" (podman.sh) in `directory`; with `user`, that
+    user's rootless podman (rootless.sh), whose containers have no network (rootless.sh
+    says why)."""
+
+    def __init__(self, directory: str, kind: str = "docker", user: str | None = None) -> None:
+        self.dir, self.kind, self.user = directory, kind, user
+        # podman sends `remove` where Docker sends `destroy` (docs/podman.md)
+        self.gone_event = "remove" if kind == "podman" else "destroy"
+        done = subprocess.run(self._argv("start"), capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"{script.name} start {directory} failed: {done.stderr.strip()}")
+            said = done.stderr.strip()
+            raise RuntimeError(f"{' '.join(self._argv('start'))} failed: {said}")
         self.host = done.stdout.strip()
         self.api = docker.APIClient(base_url=self.host, timeout=300, max_pool_size=THREADS * 2)
         self.version = self.api.version()["Version"]
+        self._host_config = self.api.create_host_config(network_mode="none") if user else None
         self.clean()
+
+    def _argv(self, verb: str) -> list[str]:
+        """The script's command line for `verb` (start, stop, purge) of this engine."""
+        if self.user is not None:  # rootless.sh VERB ENGINE USER DIR; purge USER DIR
+            kind = [self.kind] if verb != "purge" else []
+            return [str(ROOTLESS_SH), verb, *kind, self.user, self.dir]
+        if self.kind == "docker":
+            script, socket = ENGINE_SH, "docker.sock"
+        else:
+            script, socket = PODMAN_SH, "podman.sock"
+        start = [os.path.join(self.dir, socket)] if verb == "start" else []
+        return [str(script), verb, self.dir, *start]
 
     def destroyed(self) -> Destroyed | EventsFile:
         """The clock that says when a container is gone: the events stream on Docker,
-        podman's events file on podman (eventsfile.py says why)."""
-        if self.kind == "podman":
+        podman's events file on podman (eventsfile.py says why), which is below the
+        runtime directory of a user's (the default tmp_dir, $XDG_RUNTIME_DIR/libpod/tmp)."""
+        if self.kind != "podman":
+            return Destroyed(self)
+        if self.user is None:
             return EventsFile(os.path.join(self.dir, "tmp", "events", "events.log"))
-        return Destroyed(self)
+        uid = pwd.getpwnam(self.user).pw_uid
+        return EventsFile(f"/run/user/{uid}/libpod/tmp/events/events.log")
 
     def env(self) -> dict[str, str]:
         """For the docker CLI: this engine, nothing else from the caller's DOCKER_* setup."""
@@ -68,7 +82,8 @@ class Engine:
         labels = {LABEL_OWNER: str(owner)} if owner is not None else {FLOOR_LABEL: "floor"}
 
         def one(_: int) -> str:
-            cid = self.api.create_container(IMAGE, labels=labels)["Id"]
+            cid = self.api.create_container(IMAGE, labels=labels, host_config=self._host_config)
+            cid = cid["Id"]
             if start:
                 self.api.start(cid)
             return cid
@@ -83,7 +98,9 @@ class Engine:
 
         def one(owner: Owner) -> list[str]:
             return [
-                self.api.create_container(IMAGE, labels={LABEL_OWNER: str(owner)})["Id"]
+                self.api.create_container(
+                    IMAGE, labels={LABEL_OWNER: str(owner)}, host_config=self._host_config
+                )["Id"]
                 for _ in range(per_owner)
             ]
 
@@ -111,8 +128,7 @@ class Engine:
     def close(self, purge: bool = False) -> None:
         """Stop the engine; its data (the image) stays for the next run, unless `purge`."""
         self.api.close()
-        verb = "purge" if purge else "stop"
-        subprocess.run([self.script, verb, self.dir], capture_output=True, check=False)
+        subprocess.run(self._argv("purge" if purge else "stop"), capture_output=True, check=False)
 
 
 class Destroyed:

@@ -1,18 +1,43 @@
-"""8. Several engines: the reap latency on a private rootful podman, over that engine's own
-forced removal (as section 1 does on Docker); and the idle cost of one agent following N
-private podmans against one following one of them, the two taking turns within each trial."""
+"""8. Several engines: the reap latency on a private rootful podman and on a user's rootless
+podman, each over that engine's own forced removal (as section 1 does on Docker); and the
+idle cost of one agent following N private podmans against one following one of them, the
+two taking turns within each trial."""
 
 from __future__ import annotations
 
 import os
+import pwd
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from bench import idle, latency, stats
-from bench.engine import Engine
+from bench.engine import ROOTLESS_SH, Engine
 from bench.procs import Agent, Runner, end_owners, spawn_owners
 
 SOURCE = "netlink"  # the source every test host has; section 1 compares the sources
+RUNNING = 4  # running containers per trial of latency.run with noise: ours and three floors
+KEYS = "/proc/sys/kernel/keys/"
+KEY_BYTES = 200  # quota bytes per key: runc's session keyring is named "_ses." + the id
+
+
+@contextmanager
+def key_quota(keys: int) -> Iterator[None]:
+    """At least `keys` keys for each user (and bytes for them) while in it; the old quota
+    after. runc gives every container a session keyring, charged to the engine's user: a
+    user's default quota (kernel.keys.maxkeys 200, maxbytes 20000) holds fewer than the
+    trials' running containers, and the next start fails with EDQUOT."""
+    old = {name: Path(KEYS, name).read_text().strip() for name in ("maxkeys", "maxbytes")}
+    want = {"maxkeys": keys + 100, "maxbytes": (keys + 100) * KEY_BYTES}
+    for name, value in want.items():
+        if value > int(old[name]):
+            Path(KEYS, name).write_text(f"{value}\n")
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            Path(KEYS, name).write_text(f"{value}\n")
 
 
 @contextmanager
@@ -30,6 +55,44 @@ def podmans(base: str, count: int) -> Iterator[list[Engine]]:
             e.close(purge=True)
 
 
+@contextmanager
+def rootless_podman(base: str) -> Iterator[Engine]:
+    """A user of the bench's own (no login, a home below BASE-rl, subordinate ids) and its
+    rootless podman, started as the user at /run/user/UID as on a bench host
+    (tests/support/rootless.sh); afterwards the engine is purged and the user deleted."""
+    d = f"{base}-rl"
+    purge_user(d)  # what a run that was killed left
+    os.makedirs(d, 0o755)
+    name = f"ewbench{os.getpid()}"
+    Path(d, "user").write_text(f"{name}\n")
+    for ids in ("/etc/subuid", "/etc/subgid"):  # useradd gives ranges only where they exist
+        Path(ids).touch(mode=0o644, exist_ok=True)
+    argv = ["useradd", "--home-dir", f"{d}/home", "--no-create-home"]
+    argv += ["--shell", "/usr/sbin/nologin", "--user-group", name]
+    subprocess.run(argv, check=True, capture_output=True)
+    try:
+        pw = pwd.getpwnam(name)
+        os.mkdir(pw.pw_dir, 0o700)
+        os.chown(pw.pw_dir, pw.pw_uid, pw.pw_gid)
+        engine = Engine(d, "podman", user=name)
+        try:
+            yield engine
+        finally:
+            engine.api.close()
+    finally:
+        purge_user(d)
+
+
+def purge_user(d: str) -> None:
+    """Purge the engines of the user named in D/user, delete the user, remove D."""
+    user = Path(d, "user")
+    if user.is_file():
+        name = user.read_text().strip()
+        subprocess.run([str(ROOTLESS_SH), "purge", name, d], capture_output=True, check=False)
+        subprocess.run(["userdel", "--force", name], capture_output=True, check=False)
+    subprocess.run(["rm", "-rf", "--one-file-system", d], check=False)
+
+
 def run(
     base: str,
     work: str,
@@ -43,7 +106,7 @@ def run(
     """`base`: the prefix of the podmans' directories (kept short: socket paths live under
     them); `work`: an empty directory of this run's."""
     roots = {}
-    for name in ("latency", "empty"):
+    for name in ("rootful", "rootless", "empty"):
         roots[name] = os.path.join(work, name)
         os.makedirs(roots[name])
     with podmans(base, count) as engines:
@@ -52,8 +115,22 @@ def run(
         # The agent follows the podman it is given and nothing else: a user's rootless
         # engine that another program started on this host is not part of the figure.
         out["rootful_podman"] = latency.run(
-            first, SOURCE, trials, roots["latency"], 0.0, find_engines=False
+            first, SOURCE, trials, roots["rootful"], 0.0, find_engines=False, noise=True
         )
+        # What fails of the user's engine is said in its place; the rest still stands.
+        try:
+            with rootless_podman(base) as user_podman, key_quota(RUNNING * trials):
+                out["rootless_podman"] = {"podman": user_podman.version} | latency.run(
+                    user_podman,
+                    SOURCE,
+                    trials,
+                    roots["rootless"],
+                    0.0,
+                    find_engines=False,
+                    noise=True,
+                )
+        except Exception as err:
+            out["rootless_podman"] = {"unavailable": f"{type(err).__name__}: {err}"}
         living = spawn_owners(owners)
         try:
             out["idle"] = _idle(engines, living, per_owner, seconds, runs, roots["empty"])

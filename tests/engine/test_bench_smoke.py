@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.engines import purge_user
+
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_SH = ROOT / "tests" / "support" / "engine.sh"
 PODMAN_SH = ROOT / "tests" / "support" / "podman.sh"
@@ -39,9 +41,11 @@ def engine_dir() -> Iterator[str]:
     d = f"/tmp/exitwatch-bench-smoke-{os.getpid()}"
     yield d
     subprocess.run([str(ENGINE_SH), "purge", d], check=False, capture_output=True)
-    # The engines section's podmans (DIR-p0, ...), which it purges itself unless killed.
+    # The engines section's podmans (DIR-p0, ...) and its user's (DIR-rl), which it purges
+    # itself unless it was killed.
     for podman in Path("/tmp").glob(f"{Path(d).name}-p*"):
         subprocess.run([str(PODMAN_SH), "purge", str(podman)], check=False, capture_output=True)
+    purge_user(f"{d}-rl")
 
 
 def _dist(d: dict) -> None:
@@ -132,13 +136,14 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
 
     engines = results["sections"]["engines"]
     assert engines["engines"] == results["sizes"]["engines_count"] >= 2
-    r = engines["rootful_podman"]
-    for key in ("container_ms", "workdir_ms", "floor_api_ms", "floor_cli_ms", "overhead_ms"):
-        _dist(r[key])
-    assert r["container_ms"]["n"] + r["missed"] == r["trials"]
-    assert r["overhead_ms"]["n"] == r["container_ms"]["n"]
-    # The agent followed the podman it was given, and found the owners' containers there.
-    assert r["watching"] >= r["trials"]
+    for r in (engines["rootful_podman"], engines["rootless_podman"]):
+        for key in ("container_ms", "workdir_ms", "floor_api_ms", "floor_cli_ms", "overhead_ms"):
+            _dist(r[key])
+        assert r["container_ms"]["n"] + r["missed"] == r["trials"]
+        assert r["overhead_ms"]["n"] == r["container_ms"]["n"]
+        assert r["floor_noise_ms"]["n"] == r["trials"]  # one pair of floors in every trial
+        # The agent followed the podman it was given, and found the owners' containers there.
+        assert r["watching"] >= r["trials"]
     i = engines["idle"]
     assert len(i["all"]) == len(i["one"]) == len(i["rss_mb_ratios"]) == i["runs"] >= 1
     assert all(x["watching"] >= i["owners"] and x["rss_mb"] > 0 for x in i["all"] + i["one"])

@@ -18,6 +18,7 @@ import docker
 import docker.errors
 
 from bench.eventsfile import EventsFile
+from bench.gone import Seen
 from exitwatch.contract import LABEL_OWNER
 from exitwatch.owner import Owner
 
@@ -131,13 +132,12 @@ class Engine:
         subprocess.run(self._argv("purge" if purge else "stop"), capture_output=True, check=False)
 
 
-class Destroyed:
+class Destroyed(Seen):
     """Follows the engine's destroy events; `when(id)` is when one was seen (monotonic)."""
 
     def __init__(self, engine: Engine) -> None:
+        super().__init__()
         self.engine = engine
-        self.seen: dict[str, float] = {}
-        self._cond = threading.Condition()
         self._stream = engine.api.events(
             filters={"type": "container", "event": engine.gone_event}, decode=True
         )
@@ -157,16 +157,6 @@ class Destroyed:
                 with self._cond:
                     self.seen[event.get("id") or event["Actor"]["ID"]] = at
                     self._cond.notify_all()
-
-    def wait(self, ids: Iterable[str], timeout: float) -> bool:
-        """Whether every one of `ids` was destroyed within `timeout` seconds from now."""
-        ids = list(ids)
-        with self._cond:
-            return self._cond.wait_for(lambda: all(i in self.seen for i in ids), timeout)
-
-    def when(self, cid: str) -> float | None:
-        with self._cond:
-            return self.seen.get(cid)
 
     def close(self) -> None:
         self._stream.close()

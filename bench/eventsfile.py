@@ -13,23 +13,21 @@ import os
 import select
 import threading
 import time
-from collections.abc import Iterable
 
-from bench.gone import IN_CLOEXEC, IN_NONBLOCK, _libc
+from bench.gone import IN_CLOEXEC, IN_NONBLOCK, Seen, _libc
 
 IN_MODIFY, IN_CREATE, IN_MOVED_TO = 0x2, 0x100, 0x80
 
 
-class EventsFile:
+class EventsFile(Seen):
     """Follows podman's events file from now on; `when(id)` is when the line of `event` for
     container `id` was seen (monotonic). The file may be rotated (podman rewrites it past
     `events_logfile_max_size`): a new inode is read from its start, and an id keeps the
     time it was first seen."""
 
     def __init__(self, path: str, event: str = "remove") -> None:
+        super().__init__()
         self.path, self.event = path, event
-        self.seen: dict[str, float] = {}
-        self._cond = threading.Condition()
         self.fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1")
@@ -76,16 +74,6 @@ class EventsFile:
                 if event.get("Type") == "container" and event.get("Status") == self.event:
                     self.seen.setdefault(event["ID"], at)
             self._cond.notify_all()
-
-    def wait(self, ids: Iterable[str], timeout: float) -> bool:
-        """Whether every one of `ids` was removed within `timeout` seconds from now."""
-        ids = list(ids)
-        with self._cond:
-            return self._cond.wait_for(lambda: all(i in self.seen for i in ids), timeout)
-
-    def when(self, cid: str) -> float | None:
-        with self._cond:
-            return self.seen.get(cid)
 
     def close(self) -> None:
         os.write(self._wake_w, b"x")

@@ -9,6 +9,7 @@ import select
 import struct
 import threading
 import time
+from collections.abc import Iterable
 
 IN_DELETE_SELF = 0x400
 IN_NONBLOCK = 0o4000
@@ -18,16 +19,34 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class Gone:
+class Seen:
+    """What was seen to go (a directory, a container), each with the monotonic time it was
+    seen: the bench's clocks share this, and differ in what they follow."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}
+        self._cond = threading.Condition()
+
+    def wait(self, keys: Iterable[str], timeout: float) -> bool:
+        """Whether every one of `keys` was seen to go within `timeout` seconds from now."""
+        keys = list(keys)
+        with self._cond:
+            return self._cond.wait_for(lambda: all(k in self.seen for k in keys), timeout)
+
+    def when(self, key: str) -> float | None:
+        with self._cond:
+            return self.seen.get(key)
+
+
+class Gone(Seen):
     """Watch directories; `when(path)` is the monotonic time each was removed."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1")
         self._paths: dict[int, str] = {}
-        self.seen: dict[str, float] = {}
-        self._cond = threading.Condition()
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
@@ -57,14 +76,6 @@ class Gone:
                     if mask & IN_DELETE_SELF and wd in self._paths:
                         self.seen[self._paths[wd]] = at
                 self._cond.notify_all()
-
-    def wait(self, paths: list[str], timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: all(p in self.seen for p in paths), timeout)
-
-    def when(self, path: str) -> float | None:
-        with self._cond:
-            return self.seen.get(path)
 
     def close(self) -> None:
         os.write(self._wake_w, b"x")

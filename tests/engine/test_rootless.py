@@ -268,7 +268,9 @@ def test_exitwatch_run_as_the_user_in_front_of_its_rootless_engine(
     )
     try:
         assert wrapper.stdout is not None and wrapper.stdout.readline() == b"made\n"
-        labels = rootless_engine.client.api.inspect_container(name)["Config"]["Labels"]
+        listed = rootless_engine.client.api.containers(all=True, filters={"name": name})
+        assert listed, f"{name} is gone already; the agent's log:\n{agent.text()}"
+        labels = listed[0]["Labels"]
         assert labels["exitwatch.owner"].split(":")[-2] == str(wrapper.pid)
         wait_for(
             lambda: any(o["pid"] == wrapper.pid for o in agent.status()["owners"]),

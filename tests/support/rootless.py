@@ -150,8 +150,9 @@ class RootlessEngine:
         except docker.errors.NotFound:
             return False
         except docker.errors.APIError as err:
-            # podman, while it removes one: 500 "... does not exist in database".
-            if "does not exist" in str(err.explanation):
+            # podman, while it removes one: 500 "... does not exist in database" (4.3), or
+            # "no container with ID ... found in database: no such container" (5.4).
+            if any(w in str(err.explanation) for w in ("does not exist", "no such container")):
                 return False
             raise
         return True

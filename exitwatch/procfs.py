@@ -91,18 +91,7 @@ def identity(pid: int, proc: str = PROC) -> tuple[int, int, int]:
 
     Raises ProcessLookupError when the process is gone.
     """
-    try:
-        fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY)
-    except (FileNotFoundError, ProcessLookupError) as err:
-        raise ProcessLookupError(pid) from err
-    try:
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    end = data.rfind(b")")
-    if end < 0:  # nothing read: the task went away meanwhile
-        raise ProcessLookupError(pid)
-    rest = data[end + 2 :].split()
+    rest = _stat_fields(pid, proc)
     if len(rest) > 48:
         return int(rest[19]), int(rest[47]), int(rest[48])
     return int(rest[19]), 0, 0
@@ -115,22 +104,28 @@ def lineage(pid: int, proc: str = PROC) -> tuple[int, int, int, int, int]:
 
     Raises ProcessLookupError when the process is gone.
     """
+    rest = _stat_fields(pid, proc)
+    env = (int(rest[47]), int(rest[48])) if len(rest) > 48 else (0, 0)
+    return int(rest[19]), env[0], env[1], int(rest[1]), int(rest[2])
+
+
+def _stat_fields(pid: int, proc: str) -> list[bytes]:
+    """The raw fields of /proc/PID/stat after the command name (field 3 on), unparsed.
+    Raises ProcessLookupError when the process is gone."""
     try:
         fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError) as err:
         raise ProcessLookupError(pid) from err
     try:
         data = os.read(fd, 4096)
-    except ProcessLookupError as err:
+    except ProcessLookupError as err:  # ESRCH: the task went away between open and read
         raise ProcessLookupError(pid) from err
     finally:
         os.close(fd)
     end = data.rfind(b")")
     if end < 0:  # nothing read: the task went away meanwhile
         raise ProcessLookupError(pid)
-    rest = data[end + 2 :].split()
-    env = (int(rest[47]), int(rest[48])) if len(rest) > 48 else (0, 0)
-    return int(rest[19]), env[0], env[1], int(rest[1]), int(rest[2])
+    return data[end + 2 :].split()
 
 
 def _read_bytes(path: str, pid: int, limit: int) -> bytes:

@@ -44,6 +44,15 @@ def scratch(who: str, what: str) -> str:
     return d
 
 
+def ready(d: str) -> None:
+    """Wait for the case's process in `d` to say it made what it makes; on failure, with
+    its log."""
+    try:
+        wait_file(f"{d}/ready", 120)
+    except Failed as err:
+        raise Failed(f"{err}; its log: {log_tail(d)}") from None
+
+
 def log_tail(d: str) -> str:
     try:
         return " | ".join(read(f"{d}/log").splitlines()[-3:])
@@ -67,10 +76,7 @@ def owner_case(check, who: str, source: str) -> None:
     state: dict = {}
 
     def watched() -> str:
-        try:
-            wait_file(f"{d}/ready", 120)
-        except Failed as err:
-            raise Failed(f"{err}; its log: {log_tail(d)}") from None
+        ready(d)
         state["cid"] = read(f"{d}/cid")
 
         def all_three() -> bool:
@@ -125,10 +131,7 @@ def run_case(check, who: str) -> None:
     state: dict = {}
 
     def started() -> str:
-        try:
-            wait_file(f"{d}/ready", 120)
-        except Failed as err:
-            raise Failed(f"{err}; its log: {log_tail(d)}") from None
+        ready(d)
         state["cid"] = read(f"{d}/cid")
         state["tmpdir"] = read(f"{d}/tmpdir")
         state["leftover"] = int(read(f"{d}/leftover"))

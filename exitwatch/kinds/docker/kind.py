@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 from exitwatch.engine import api
 from exitwatch.engine.client import Client
@@ -175,21 +176,13 @@ class Containers(ResourceKind):
     # -- health ----------------------------------------------------------------------------
 
     def health(self) -> DockerHealth:
-        engines = self._all()
-        entries = [e.entry(e.follower.health()) for e in engines]
-        top = engines[0].follower.health()
-        return {**top, "engines": entries}
+        return _document([e.entry(e.follower.health()) for e in self._all()])
 
     def scan_health(self, error: Unavailable | None) -> DockerHealth:
         """After scan(), which raised `error` or not: each engine as it answered then."""
-        entries = [
-            e.entry(e.follower.scan_health(self._scan_errors.get(e.scope))) for e in self._all()
-        ]
-        first = entries[0]
-        top: DockerHealth = {"endpoint": first["endpoint"], "connected": first["connected"]}
-        if "last_error" in first:
-            top["last_error"] = first["last_error"]
-        return {**top, "engines": entries}
+        return _document(
+            [e.entry(e.follower.scan_health(self._scan_errors.get(e.scope))) for e in self._all()]
+        )
 
     def ping(self) -> str | None:
         """None when every engine given answers (a found one that does not is the
@@ -228,8 +221,8 @@ class Containers(ResourceKind):
         self._scan_errors = errors
         if not scopes:
             raise EngineError("; ".join(str(err) for err in errors.values()))
-        for err in errors.values():
-            log.warning("cannot list %s; the other engines were", err)
+        for problem in errors.values():
+            log.warning("cannot list %s; the other engines were", problem)
         return Snapshot(KIND, tuple(resources), scopes=tuple(scopes))
 
     def owned(self, owner: Owner) -> list[Resource]:
@@ -359,6 +352,13 @@ class Containers(ResourceKind):
     def followers(self) -> Iterator[tuple[Follower, str]]:
         """Each engine's follower, with how the engine was found."""
         return ((e.follower, e.how) for e in self._all())
+
+
+def _document(entries: list[EngineEntry]) -> DockerHealth:
+    """The `docker` entry of every engine's: the first engine's health at its top."""
+    first = entries[0]
+    top = {k: v for k, v in first.items() if k in EngineHealth.__annotations__}
+    return cast(DockerHealth, {**top, "engines": entries})
 
 
 def _identity(endpoint: Endpoint) -> tuple[int, int] | None:

@@ -19,7 +19,7 @@ from bench.engine import Engine
 from bench.procs import Agent, AgentFailed, end_owners, spawn_owners
 from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR
-from exitwatch.kinds.hooks.file import ensure_spool
+from exitwatch.kinds.spool.entry import ensure_spool
 
 DEADLINE = 10.0  # seconds for one stamp to appear; past it the trial counts as missed
 _STAMP = 'echo "$EPOCHREALTIME" > "$0"'

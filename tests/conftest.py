@@ -28,7 +28,7 @@ import pytest
 
 from exitwatch.contract import ENV_HOOK_DIR
 from exitwatch.kinds.docker.kind import Containers
-from exitwatch.kinds.hooks.file import ensure_spool
+from exitwatch.kinds.spool.entry import ensure_spool
 from exitwatch.owner import Owner, owner_of
 
 from support import scratch

@@ -35,11 +35,11 @@ from exitwatch import contract, on_death
 from exitwatch.contract import ENV_HOOK_DIR, HOOK_FILE, HOOK_MAX_BYTES, HOOK_MAX_TIMEOUT
 from exitwatch.kinds import inotify
 from exitwatch.kinds.base import Found, Gone
-from exitwatch.kinds.hooks import file as hookfile
-from exitwatch.kinds.hooks import spool as hookspool
-from exitwatch.kinds.hooks.file import Hook, ensure_spool
-from exitwatch.kinds.hooks.kind import KIND, Hooks
-from exitwatch.kinds.hooks.spool import MAX_PER_UID
+from exitwatch.kinds.hooks.kind import FORMAT, KIND, Hooks
+from exitwatch.kinds.spool import entry as hookfile
+from exitwatch.kinds.spool import listing as hookspool
+from exitwatch.kinds.spool.entry import Entry, ensure_spool
+from exitwatch.kinds.spool.listing import MAX_PER_UID
 from exitwatch.owner import Owner
 
 from support.hooks import body, hook_id, plant
@@ -106,7 +106,7 @@ def test_registering_and_reaping_refuse_a_spool_others_could_tamper_with(
     # A hook found there (as `exitwatch reap` would list it) is not run.
     plant(loose, 1, body(dead_owner, ["touch", str(canary)]))
     # An empty listing would read as every hook gone: it raises, and nothing runs.
-    with pytest.raises(hookfile.HookError, match="not sticky"):
+    with pytest.raises(hookfile.EntryError, match="not sticky"):
         Hooks(str(loose)).scan()
     assert not canary.exists()
 
@@ -561,7 +561,7 @@ def test_one_hook_that_raises_costs_the_others_nothing(
 ):
     """A hook that raises where it runs (here a lone surrogate, let through as the shape
     check once did) gets one log line and a failed outcome; its sibling runs."""
-    monkeypatch.setattr(hookfile, "hook_problem", lambda body: None)
+    monkeypatch.setattr(Hooks, "fmt", dataclasses.replace(FORMAT, problem=lambda body: None))
     canary = tmp_path / "ran"
     plant(spool, 1, body(dead_owner, ["touch", str(canary), "\ud800"]))
     plant(spool, 2, body(dead_owner, ["touch", str(canary)]))
@@ -649,7 +649,7 @@ def test_fuzzed_hook_files_are_refused_and_never_run(
             # found), it refuses it again, for the same reason.
             st_, dir_st = path.stat(), path.parent.stat()
             name = path.parent.name
-            fake = Hook(
+            fake = Entry(
                 "hook", name, dead_owner, name, None, st_.st_uid, st_.st_ino, st_.st_dev,
                 dir_st.st_ino,
             )  # fmt: skip
@@ -690,13 +690,13 @@ def test_a_refusal_a_user_chose_is_read_once_and_one_that_may_pass_is_read_with_
         bound.bind(str(sock_dir / HOOK_FILE))
         plant(spool, 2, body(dead_owner, ["true"]))
         reads: collections.Counter[str] = collections.Counter()
-        real_read, real_open, emfile, reading = hookspool.read_hook, os.open, [True], [""]
+        real_read, real_open, emfile, reading = hookspool.read_entry, os.open, [True], [""]
 
-        def counted(kind: str, dir_fd: int, name: str):
+        def counted(fmt, kind: str, dir_fd: int, name: str):
             reads[name] += 1
             reading[0] = name
             try:
-                return real_read(kind, dir_fd, name)
+                return real_read(fmt, kind, dir_fd, name)
             finally:
                 reading[0] = ""
 
@@ -705,10 +705,10 @@ def test_a_refusal_a_user_chose_is_read_once_and_one_that_may_pass_is_read_with_
                 raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
             return real_open(path, *args, **kwargs)
 
-        monkeypatch.setattr(hookspool, "read_hook", counted)
+        monkeypatch.setattr(hookspool, "read_entry", counted)
         monkeypatch.setattr(hookspool, "AGAIN_FIRST", 0.2)
         monkeypatch.setattr(os, "open", full_table)
-        listing = hookspool.Spool(KIND, str(spool))
+        listing = hookspool.Spool(FORMAT, KIND, str(spool))
         assert listing.list() == {}
         assert reads == {hook_id(1): 1, hook_id(2): 1}
         for _ in range(20):  # a burst of events about a dot-file

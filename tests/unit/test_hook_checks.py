@@ -1,5 +1,5 @@
 """The checks a hook and its spool must pass (contract.py's hook_problem, spool_problem
-and open_spool, kinds/hooks/file.py's read_hook and spool_fd), on decoded bodies, on
+and open_spool, kinds/spool/entry.py's read_entry and spool_fd), on decoded bodies, on
 stats, and on files of the test's own in a directory of its own, as any user.
 system/test_hook_files.py has the same on root's real spool, with other users and mounts."""
 
@@ -27,8 +27,8 @@ from exitwatch.contract import (
     open_spool,
     spool_problem,
 )
-from exitwatch.kinds.hooks.file import HookError, read_hook, spool_fd
-from exitwatch.kinds.hooks.kind import KIND
+from exitwatch.kinds.hooks.kind import FORMAT, KIND
+from exitwatch.kinds.spool.entry import EntryError, read_entry, spool_fd
 from exitwatch.owner import owner_of
 
 OWNER = str(owner_of())
@@ -146,7 +146,7 @@ def test_a_symlink_is_refused_as_a_spool_by_both_sides(tmp_path, monkeypatch):
         with pytest.raises(PermissionError) as err:
             open_spool(path)
         assert (err.value.errno, err.value.strerror) == (errno.EPERM, f"{why}{TAMPER}")
-        with pytest.raises(HookError, match=rf"^{why}{TAMPER}$"):
+        with pytest.raises(EntryError, match=rf"^{why}{TAMPER}$"):
             spool_fd(path)
         monkeypatch.setenv(ENV_HOOK_DIR, path)
         with pytest.raises(PermissionError, match=why):
@@ -155,7 +155,7 @@ def test_a_symlink_is_refused_as_a_spool_by_both_sides(tmp_path, monkeypatch):
             cancel_hook("0" * 32)
 
 
-# -- read_hook: one hook of a spool, as any user -------------------------------------------------
+# -- read_entry: one hook of a spool, as any user -------------------------------------------------
 
 
 @pytest.fixture
@@ -183,8 +183,8 @@ def write(path: Path, content: dict | bytes, mode: int = 0o600) -> Path:
 
 
 def refusal(spool: tuple[Path, int], name: str) -> str:
-    with pytest.raises(HookError) as err:
-        read_hook(KIND, spool[1], name)
+    with pytest.raises(EntryError) as err:
+        read_entry(FORMAT, KIND, spool[1], name)
     return str(err.value)
 
 
@@ -192,9 +192,9 @@ def test_a_good_hook_is_read_with_who_owns_it(spool):
     top, fd = spool
     name = "a" * 32
     write(top / name, good())
-    opened = read_hook(KIND, fd, name)
+    opened = read_entry(FORMAT, KIND, fd, name)
     try:
-        hook, st = opened.hook, os.fstat(opened.fd)
+        hook, st = opened.entry, os.fstat(opened.fd)
         assert opened.body == json.loads((top / name / HOOK_FILE).read_text())
         assert (hook.kind, hook.key, str(hook.owner)) == ("hook", name, OWNER)
         assert (hook.uid, hook.ino, hook.dev) == (os.getuid(), st.st_ino, st.st_dev)
@@ -207,19 +207,19 @@ def test_a_good_hook_is_read_with_who_owns_it(spool):
 def test_what_the_index_shows_of_a_hook_is_short_and_printable(spool):
     top, fd = spool
     write(top / hook_id(1), good(argv=["sh", "-c", "echo\nforged line\x1b[2J", "x" * 500]))
-    opened = read_hook(KIND, fd, hook_id(1))
+    opened = read_entry(FORMAT, KIND, fd, hook_id(1))
     opened.close()
-    hook = opened.hook
+    hook = opened.entry
     assert hook.name.isprintable() and "echo\\nforged line\\x1b[2J" in hook.name
     assert "x" * 200 not in hook.name  # its command's start, cut short
 
 
 def test_a_missing_hook_or_an_empty_hook_directory_is_gone_not_refused(spool):
     with pytest.raises(FileNotFoundError):
-        read_hook(KIND, spool[1], hook_id(1))
+        read_entry(FORMAT, KIND, spool[1], hook_id(1))
     (spool[0] / hook_id(2)).mkdir(mode=0o700)
     with pytest.raises(FileNotFoundError):
-        read_hook(KIND, spool[1], hook_id(2))
+        read_entry(FORMAT, KIND, spool[1], hook_id(2))
 
 
 def test_what_is_not_a_hooks_own_directory_is_refused(spool):
@@ -278,7 +278,7 @@ def test_a_hook_file_nested_too_deeply_is_refused_for_that_on_every_python(spool
     write(top / hook_id(4), good(env={"A": "[" * 3000}))  # in a string: no nesting
     for n in (1, 2, 3):
         assert refusal(spool, hook_id(n)) == "it is JSON nested too deeply", n
-    opened = read_hook(KIND, fd, hook_id(4))
+    opened = read_entry(FORMAT, KIND, fd, hook_id(4))
     opened.close()
     assert opened.body["env"] == {"A": "[" * 3000}
 

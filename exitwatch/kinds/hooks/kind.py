@@ -10,38 +10,34 @@ why.
 from __future__ import annotations
 
 import fcntl
-import functools
 import logging
 import os
 import pwd
-import time
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from exitwatch.contract import HOOK_MAX_TIMEOUT
-from exitwatch.kinds import discovery, inotify
-from exitwatch.kinds.base import Notify, Outcome, Resource, ResourceKind, Snapshot
+from exitwatch.contract import HOOK_FILE, HOOK_MAX_TIMEOUT, hook_problem
+from exitwatch.kinds.base import Outcome, Resource
 from exitwatch.kinds.fsops import printable
-from exitwatch.kinds.hooks import spawn
-from exitwatch.kinds.hooks.file import (
-    Hook,
-    HookError,
+from exitwatch.kinds.spool import spawn
+from exitwatch.kinds.spool.entry import (
+    Entry,
+    EntryError,
+    Format,
     Opened,
     check_again,
-    ensure_spool,
-    read_hook,
-    remove_hook,
+    read_entry,
+    remove_entry,
     spool_fd,
 )
-from exitwatch.kinds.hooks.spool import Spool
+from exitwatch.kinds.spool.kind import SpoolKind
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
 
 KIND = "hook"
 
-POLL_INTERVAL = 1.0  # seconds between rescans when inotify cannot be used
 # Hooks run on workers of their own, never the agent's removal pool: a hook may run for
 # up to its timeout, and hung ones must not hold up the removal of containers and workdirs.
 # Hooks of one user run at once, whatever their owners: the agent's lane of a hook is its
@@ -55,129 +51,26 @@ JOBS = 256
 # How long a hook's lock may be held by someone else before that counts as a failed
 # attempt: another exitwatch process runs a hook for up to its timeout.
 LOCK_WAIT = HOOK_MAX_TIMEOUT + 60.0
-_SELF_GONE = inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF | inotify.IN_IGNORED
 
 
-class Hooks(ResourceKind):
+FORMAT = Format("hook", HOOK_FILE, hook_problem, unusable="no hook runs")
+
+
+class Hooks(SpoolKind):
     """The hooks in one spool directory."""
 
     kind = KIND
+    fmt = FORMAT
     ages_pending = False  # a hook may rightly run for up to an hour
     lane_limit = PER_UID
     busy_wait = LOCK_WAIT
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        super().__init__(path)
         self.executor = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-hook-run")
-        # Shared by discovery and the scans: one user's entries are remembered (and warned
-        # about) once, however often the spool is listed.
-        self._spool = Spool(KIND, path)
-        self._discovery = discovery.Discovery("hook discovery", "exitwatch-hooks")
 
     def lane(self, res: Resource) -> Hashable:
-        return res.uid if isinstance(res, Hook) else None
-
-    def scan(self) -> Snapshot:
-        """Every hook now. Raises OSError or HookError when the spool cannot be listed: an
-        empty listing would read as every hook gone."""
-        found = self._spool.list()
-        return Snapshot(KIND, tuple(found[n] for n in sorted(found)))
-
-    def start(self, notify: Notify) -> None:
-        try:
-            ensure_spool(self.path)
-        except (OSError, HookError) as err:
-            why = err.strerror if isinstance(err, OSError) else str(err)
-            log.error("hook spool %s: %s; no hook runs", printable(self.path), why)
-            notify(Snapshot(KIND, ()))
-            return
-        self._discovery.start(lambda stop_fd: self._follow(notify, stop_fd))
-
-    def stop(self) -> None:
-        self._discovery.stop()
-
-    def _follow(self, notify: Notify, stop_fd: int) -> None:
-        """A Snapshot, then Found and Gone as the spool changes: with inotify (_watch),
-        else with whole listings every POLL_INTERVAL. A listing that fails is said once
-        and tried again every POLL_INTERVAL; what was known stands meanwhile."""
-        listing = discovery.Listing(KIND, notify)
-        rescans = discovery.Rescans(
-            "hook discovery",
-            discovery.every(POLL_INTERVAL),
-            log,
-            expected=(OSError, HookError),
-            repeat=False,
-        )
-        discovery.inotify_else_rescans(
-            "hook discovery",
-            log,
-            lambda: self._watch(listing, rescans, stop_fd),
-            lambda why: rescans.run(stop_fd, lambda: self._list(listing), listing),
-        )
-
-    def _watch(self, listing: discovery.Listing, rescans: discovery.Rescans, stop_fd: int) -> None:
-        """With inotify: the names an event gives are looked at again, not the whole spool
-        (a change that raises no event, a chmod or one inside a hook's directory, is seen
-        at the entry's next event or the next whole listing, and everything is checked
-        again before a hook runs); an entry that did not change is never read again."""
-        ino = self._inotify()
-        try:
-            log.info("following hooks in %s with inotify", printable(self.path))
-            changed: set[str] | None = None  # None: list the whole spool
-            while True:
-                if rescans.once(functools.partial(self._list, listing, changed), listing):
-                    changed = self._changed(ino, stop_fd)
-                elif discovery.wait(stop_fd, None, rescans.next):
-                    return
-                else:
-                    changed = None
-        finally:
-            ino.close()
-
-    def _inotify(self) -> inotify.Inotify:
-        """An inotify instance watching the spool; raises discovery.Fallback."""
-        ino = None
-        try:
-            ino = inotify.Inotify()
-            dir_fd = spool_fd(self.path)
-            try:
-                ino.watch(dir_fd, self.path, 0)
-            finally:
-                os.close(dir_fd)
-            return ino
-        except (OSError, HookError) as err:
-            if ino is not None:
-                ino.close()
-            raise discovery.Fallback(getattr(err, "strerror", None) or str(err)) from None
-
-    def _changed(self, ino: inotify.Inotify, stop_fd: int) -> set[str] | None:
-        """Wait for events, or until a refusal that may not last is due another look; the
-        names to look at again: set() for the due refusals alone (list() adds them), None
-        for the whole spool (events lost, or one without a name). Raises
-        discovery.Stopped, or discovery.Fallback when the spool itself went."""
-        due = self._spool.next_again()
-        timeout = None if due is None else max(0.0, due - time.monotonic())
-        if discovery.wait(stop_fd, ino.fd, timeout):
-            raise discovery.Stopped
-        if due is not None and time.monotonic() >= due:
-            return set()
-        events = ino.read()
-        if any(mask & _SELF_GONE for _, mask, _ in events):
-            raise discovery.Fallback(f"hook spool {printable(self.path)} was removed or moved")
-        changed = {name for _, _, name in events}
-        return None if "" in changed else changed
-
-    def _list(self, listing: discovery.Listing, changed: set[str] | None = None) -> dict[str, Hook]:
-        """Spool.list(changed). When it fails, what the spool knew is forgotten (it may be
-        half updated), and if none succeeded yet, an empty listing is told: the agent's
-        start, which waits for every kind's first listing, does not wait for this one."""
-        try:
-            return self._spool.list(changed)
-        except Exception:
-            self._spool.reset()
-            if listing.known is None:
-                listing.report({})
-            raise
+        return res.uid if isinstance(res, Entry) else None
 
     # Running ("removal")
 
@@ -188,7 +81,7 @@ class Hooks(ResourceKind):
         its user), so that hooks run side by side on its workers, PER_UID of a user."""
         try:
             dir_fd = spool_fd(self.path)
-        except (OSError, HookError) as err:
+        except (OSError, EntryError) as err:
             why = f"failed: spool {printable(self.path)}: {getattr(err, 'strerror', None) or err}"
             return [Outcome.failed(self.what(r), KIND, why, key=r.key) for r in resources]
         try:
@@ -211,10 +104,10 @@ class Hooks(ResourceKind):
     ) -> Outcome:
         what = self.what(res)
         try:
-            opened = read_hook(KIND, dir_fd, res.key)
+            opened = read_entry(self.fmt, KIND, dir_fd, res.key)
         except FileNotFoundError:
             return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
-        except HookError as err:
+        except EntryError as err:
             log.warning("%s: refused: %s", what, err)
             return Outcome.refusal(what, KIND, str(err))
         try:
@@ -225,7 +118,7 @@ class Hooks(ResourceKind):
     def _run_opened(
         self, dir_fd: int, owner: Owner, res: Resource, opened: Opened, dry_run: bool, how: str
     ) -> Outcome:
-        what, hook, body = self.what(res), opened.hook, opened.body
+        what, hook, body = self.what(res), opened.entry, opened.body
         found = (getattr(res, "dev", 0), getattr(res, "ino", 0), getattr(res, "uid", -1))
         if (hook.dev, hook.ino, hook.uid) != found or getattr(res, "dir_ino", 0) != hook.dir_ino:
             return _refuse(what, "it was replaced since it was found")
@@ -249,8 +142,8 @@ class Hooks(ResourceKind):
                 return Outcome.done(what, KIND, "already gone (ran, or was cancelled)")
             # The last look, through the descriptors: what was read is what was checked.
             try:
-                check_again(opened, dir_fd)
-            except HookError as err:
+                check_again(self.fmt, opened, dir_fd)
+            except EntryError as err:
                 return _refuse(what, str(err))
             ran = spawn.run_as(user, body["argv"], env, body["cwd"], body["timeout"])
             return self._ran(dir_fd, what, opened, body["argv"][0], ran)
@@ -263,7 +156,7 @@ class Hooks(ResourceKind):
         extra = {
             "hook": {
                 "argv0": argv0,
-                "uid": opened.hook.uid,
+                "uid": opened.entry.uid,
                 "returncode": ran.returncode,
                 "timed_out": ran.timed_out,
                 "seconds": round(ran.seconds, 3),
@@ -279,7 +172,7 @@ class Hooks(ResourceKind):
         detail = f"ran: {ran.describe()}"
         # Gone before success is told: nothing that reads the outcome can run it again.
         try:
-            remove_hook(dir_fd, opened)
+            remove_entry(self.fmt, dir_fd, opened)
         except OSError as err:
             # Not retried (it succeeded), but it stays: the next reconcile or start runs
             # it again.

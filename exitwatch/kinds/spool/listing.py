@@ -1,6 +1,6 @@
-"""The hooks in the spool as the kind sees them: listed whole or by the names that
-changed, each entry read again only when it changed, and bounded per user: what is
-remembered of one user's entries, and how many lines their refusals write."""
+"""The entries of a spool (hooks, leases, watchdogs) as their kind sees them: listed whole
+or by the names that changed, each entry read again only when it changed, and bounded per
+user: what is remembered of one user's entries, and how many lines their refusals write."""
 
 from __future__ import annotations
 
@@ -13,19 +13,25 @@ import threading
 import time
 from dataclasses import dataclass
 
-from exitwatch.contract import HOOK_FILE
 from exitwatch.kinds.fsops import printable
-from exitwatch.kinds.hooks.file import Hook, HookError, entry_problem, read_hook, spool_fd
+from exitwatch.kinds.spool.entry import (
+    Entry,
+    EntryError,
+    Format,
+    entry_problem,
+    read_entry,
+    spool_fd,
+)
 
 log = logging.getLogger(__name__)
 
-# Hook directories of one user the agent reads and holds, good or refused: past them, that
+# Entry directories of one user the agent reads and holds, good or refused: past them, that
 # user's entries are refused unread. Only a user (or root) can make a directory of theirs
 # in the spool that passes the entry checks, so no one can fill another's.
 MAX_PER_UID = 1024
 # Other entries of one uid (files, loose directories, bad names) remembered, so that they
 # are warned about once; past them, they are refused again at each whole listing. Anyone
-# can move a file of another uid's in, so these never count against the hooks above.
+# can move a file of another uid's in, so these never count against the entries above.
 MAX_STRAYS_PER_UID = 64
 WARN_LINES = 5  # refusal warnings of one uid per WARN_INTERVAL; then one line counting the rest
 WARN_INTERVAL = 60.0
@@ -39,8 +45,8 @@ AGAIN_MAX = 60.0
 class _Entry:
     uid: int
     sig: tuple[int, ...]
-    hook: Hook | None  # None: refused, or an empty hook directory
-    stray: bool  # not a hook's directory: counted among the uid's strays
+    entry: Entry | None  # None: refused, or an empty entry directory
+    stray: bool  # not an entry's directory: counted among the uid's strays
     why: str = ""  # a refusal that may not last: looked at again from `again_at` on
     again_at: float = 0.0  # monotonic time
     tries: int = 0  # looks that found the same refusal: each doubles the wait for the next
@@ -50,7 +56,8 @@ class Warnings:
     """Refusal warnings, at most WARN_LINES per uid per WARN_INTERVAL, then one line that
     counts the rest: one user's files cannot flood the journal. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, noun: str) -> None:
+        self.noun = noun
         self._lock = threading.Lock()
         # uid -> [window start, lines written, lines held back, summarized in this window]
         self._windows: dict[int, list] = {}
@@ -60,7 +67,7 @@ class Warnings:
         with self._lock:
             window = self._windows.get(uid)
             if window is not None and now - window[0] >= WARN_INTERVAL:
-                self._summarize(uid, window)
+                self._summarize(self.noun, uid, window)
                 window = None
             if window is None:
                 window = self._windows[uid] = [now, 0, 0, False]
@@ -78,17 +85,18 @@ class Warnings:
             for uid, window in list(self._windows.items()):
                 ended = now - window[0] >= WARN_INTERVAL
                 if window[2] and (ended or not window[3]):
-                    self._summarize(uid, window)
+                    self._summarize(self.noun, uid, window)
                     window[3] = True
                 if ended:
                     del self._windows[uid]
 
     @staticmethod
-    def _summarize(uid: int, window: list) -> None:
+    def _summarize(noun: str, uid: int, window: list) -> None:
         if window[2]:
             log.warning(
-                "hook spool: %d more entries of uid %d refused (at most %d warnings per uid "
+                "%s spool: %d more entries of uid %d refused (at most %d warnings per uid "
                 "every %g s)",
+                noun,
                 window[2],
                 uid,
                 WARN_LINES,
@@ -98,13 +106,14 @@ class Warnings:
 
 
 class Spool:
-    """The hooks in the spool, each entry read again only when it changed. Thread-safe:
-    the kind's discovery thread and its scans share one."""
+    """The entries of a spool, each read again only when it changed. Thread-safe: the
+    kind's discovery thread and its scans share one."""
 
-    def __init__(self, kind: str, path: str) -> None:
-        self.kind = kind  # of the hooks it finds: the hook kind's KIND
+    def __init__(self, fmt: Format, kind: str, path: str) -> None:
+        self.fmt = fmt
+        self.kind = kind  # of the entries it finds: their kind's KIND
         self.path = path
-        self.warnings = Warnings()
+        self.warnings = Warnings(fmt.noun)
         self._lock = threading.Lock()
         self.reset()
 
@@ -112,27 +121,27 @@ class Spool:
         """Forget everything: the next listing is a whole one, every entry read anew."""
         with self._lock:
             self._entries: dict[str, _Entry] = {}
-            self._held: collections.Counter[int] = collections.Counter()  # hook dirs per uid
+            self._held: collections.Counter[int] = collections.Counter()  # entry dirs per uid
             self._strays: collections.Counter[int] = collections.Counter()
             self._listed = False  # whether the whole spool was listed since it could not be
 
-    def list(self, changed: set[str] | None = None) -> dict[str, Hook]:
-        """The good hooks in the spool: listed whole, or, given the names that changed
+    def list(self, changed: set[str] | None = None) -> dict[str, Entry]:
+        """The good entries in the spool: listed whole, or, given the names that changed
         since the last listing, with only those looked at again (and the refusals that
-        may not last). Raises OSError (or HookError for a spool others could tamper
+        may not last). Raises OSError (or EntryError for a spool others could tamper
         with) when the spool cannot be listed now: an empty answer would read as every
-        hook gone."""
+        entry gone."""
         with self._lock:
             try:
                 dir_fd = spool_fd(self.path)
             except OSError as err:
                 self._listed = False
-                if err.errno == errno.ENOENT:  # no spool: truly no hooks
+                if err.errno == errno.ENOENT:  # no spool: truly none
                     return {}
-                raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
-            except HookError as err:
+                raise OSError(f"{self._spool}: {err.strerror}") from None
+            except EntryError as err:
                 self._listed = False
-                raise HookError(f"hook spool {printable(self.path)}: {err}") from None
+                raise EntryError(f"{self._spool}: {err}") from None
             try:
                 if changed is None or not self._listed:
                     self._list(dir_fd)
@@ -144,7 +153,11 @@ class Spool:
             finally:
                 os.close(dir_fd)
                 self.warnings.flush()
-            return {name: e.hook for name, e in self._entries.items() if e.hook is not None}
+            return {name: e.entry for name, e in self._entries.items() if e.entry is not None}
+
+    @property
+    def _spool(self) -> str:
+        return f"{self.fmt.noun} spool {printable(self.path)}"
 
     def next_again(self) -> float | None:
         """When the next refusal that may not last is due another look (monotonic)."""
@@ -163,7 +176,7 @@ class Spool:
                         present.add(entry.name)
         except OSError as err:
             self._listed = False
-            raise OSError(f"hook spool {printable(self.path)}: {err.strerror}") from None
+            raise OSError(f"{self._spool}: {err.strerror}") from None
         self._listed = True
         for name in self._entries.keys() - present:
             self._forget(name)
@@ -171,20 +184,22 @@ class Spool:
     def _look(self, dir_fd: int, name: str) -> None:
         """Bring what is known of entry `name` up to date; it is read again only if it
         changed, or was refused for a reason that may not last."""
-        if name.startswith("."):  # a hook being written, or cancelled
+        if name.startswith("."):  # an entry being written, or cancelled
             return
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:  # gone
             self._forget(name)
             return
-        problem = entry_problem(name, st)
+        noun = self.fmt.noun
+        problem = entry_problem(name, st, noun)
         sig = _sig(st)
         if problem is None:
-            # And its file's: a change inside a hook's directory (a new file, a mount over
+            # And its file's: a change inside an entry's directory (a new file, a mount over
             # it) leaves the directory's own stat as it was.
-            with contextlib.suppress(OSError):  # none: an empty hook directory
-                sig += _sig(os.stat(f"{name}/{HOOK_FILE}", dir_fd=dir_fd, follow_symlinks=False))
+            with contextlib.suppress(OSError):  # none: an empty entry directory
+                file = f"{name}/{self.fmt.file}"
+                sig += _sig(os.stat(file, dir_fd=dir_fd, follow_symlinks=False))
         old = self._entries.get(name)
         if old is not None and old.sig == sig and (not old.why or time.monotonic() < old.again_at):
             # Unchanged; a refusal that may not last is looked at again on its own schedule,
@@ -193,7 +208,7 @@ class Spool:
         self._forget(name)
         uid, where = st.st_uid, printable(os.path.join(self.path, name))
         if problem is not None:
-            self.warnings.warn(uid, f"hook {where}: refused: {problem}")
+            self.warnings.warn(uid, f"{noun} {where}: refused: {problem}")
             if self._strays[uid] < MAX_STRAYS_PER_UID:
                 self._remember(name, _Entry(uid, sig, None, stray=True))
             return
@@ -201,23 +216,23 @@ class Spool:
             # Neither read nor remembered: looked at again at the next whole listing (the
             # periodic reconcile, a start, `exitwatch reap`), or when it changes.
             self.warnings.warn(
-                uid, f"hook {where}: refused: uid {uid} has more than {MAX_PER_UID} hooks"
+                uid, f"{noun} {where}: refused: uid {uid} has more than {MAX_PER_UID} {noun}s"
             )
             return
         try:
-            opened = read_hook(self.kind, dir_fd, name)
-        except FileNotFoundError:  # an empty hook directory: being removed, or cancelled
+            opened = read_entry(self.fmt, self.kind, dir_fd, name)
+        except FileNotFoundError:  # an empty entry directory: being removed, or cancelled
             self._remember(name, _Entry(uid, sig, None, stray=False))
             return
-        except HookError as err:
+        except EntryError as err:
             if err.lasting or old is None or old.why != str(err):
-                self.warnings.warn(uid, f"hook {where}: refused: {err}")
+                self.warnings.warn(uid, f"{noun} {where}: refused: {err}")
             why, tries = ("", 0) if err.lasting else (str(err), _tries(old, str(err)) + 1)
             again_at = time.monotonic() + min(AGAIN_MAX, AGAIN_FIRST * 2 ** (tries - 1))
             self._remember(name, _Entry(uid, sig, None, False, why, again_at, tries))
             return
         opened.close()
-        self._remember(name, _Entry(uid, sig, opened.hook, stray=False))
+        self._remember(name, _Entry(uid, sig, opened.entry, stray=False))
 
     def _remember(self, name: str, entry: _Entry) -> None:
         self._entries[name] = entry

@@ -9,15 +9,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
 import click
 
 from exitwatch import __version__, procfs, shutdown
-from exitwatch.contract import HOOK_DIR
 from exitwatch.run.cli import labels, mark, on_death_cmd, run
+from exitwatch.service import flags as opts
 from exitwatch.service import logs
 from exitwatch.service.config import DEFAULT_PATH, Adopt, Config, ConfigError, load
 from exitwatch.sources import MODES
@@ -25,56 +24,6 @@ from exitwatch.sources import MODES
 log = logging.getLogger("exitwatch")
 
 NO_AGENT = 3  # `exitwatch status` with no agent answering, like `systemctl status`
-
-
-def _option(*decls: str, **kw: object) -> Callable:
-    """An option whose absence leaves the config file's value (or the default) in force."""
-    return click.option(*decls, default=None, **kw)
-
-
-_config_path = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    help=f"TOML settings file (default: {DEFAULT_PATH} if it exists).",
-)
-_roots = click.option(
-    "--workdir-root",
-    "workdir_roots",
-    multiple=True,
-    type=click.Path(file_okay=False),
-    help="Look for marked workdirs under DIR (repeatable; replaces /tmp and /var/tmp).",
-)
-_depth = _option(
-    "--workdir-depth",
-    type=click.IntRange(1, 16),
-    help="How many levels below a root a workdir may be [default: [workdirs] depth of the config].",
-)
-_docker_host = _option(
-    "--docker-host", metavar="URL", help="Docker engine URL (default: DOCKER_HOST, or the socket)."
-)
-_engines = click.option(
-    "--engine", "engines", multiple=True, metavar="URL", help="Follow this engine (repeatable)."
-)
-_find_engines = _option(
-    "--find-engines/--no-find-engines", help="Follow the engines found on the host too."
-)
-_dry_run = click.option(
-    "--dry-run", is_flag=True, default=None, help="Log what would be removed; remove nothing."
-)
-_status_socket = _option(
-    "--status-socket",
-    metavar="PATH",
-    help=f"The agent's status socket [default: {Config.status_socket}].",
-)
-_audit_log = _option(
-    "--audit-log",
-    metavar="PATH",
-    help=f'JSON-lines record of removals and refusals ("" for none) [default: {Config.audit_log}].',
-)
-_hook_dir = _option(
-    "--hook-dir", metavar="DIR", help=f"The spool of on-death hooks [default: {HOOK_DIR}]."
-)
 
 
 def _config(config_path: str | None, notes: list[str] | None = None, **flags: object) -> Config:
@@ -123,36 +72,36 @@ def cli() -> None:
 
 
 @cli.command()
-@_config_path
-@_option(
+@opts.config_path
+@opts.option(
     "--source",
     type=click.Choice(MODES),
     help="How process exits are followed [default: auto: ebpf, then netlink, then poll].",
 )
-@_dry_run
-@_option(
+@opts.dry_run
+@opts.option(
     "--poll-interval",
     type=click.FloatRange(0.01, 3600),
     metavar="S",
     help=f"Seconds between checks of the watched owners (poll) [default: {Config.poll_interval}].",
 )
-@_option(
+@opts.option(
     "--reconcile-interval",
     type=float,
     metavar="S",
     help="Seconds between full listings that retry what was missed, refused or given up; "
     f"0: only at start [default: {Config.reconcile_interval:g}].",
 )
-@_roots
-@_depth
-@_docker_host
-@_engines
-@_find_engines
-@_hook_dir
-@_status_socket
-@_audit_log
-@_option("--metrics-addr", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
-@_option("--log-format", type=click.Choice(["text", "json"]), help="[default: text]")
+@opts.roots
+@opts.depth
+@opts.docker_host
+@opts.engines
+@opts.find_engines
+@opts.spools
+@opts.status_socket
+@opts.audit_log
+@opts.option("--metrics-addr", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@opts.option("--log-format", type=click.Choice(["text", "json"]), help="[default: text]")
 def agent(config_path: str | None, **flags: object) -> None:
     """Watch process exits and reap what dead owners leave behind.
 
@@ -202,15 +151,15 @@ def agent(config_path: str | None, **flags: object) -> None:
 
 
 @cli.command()
-@_config_path
-@_dry_run
-@_roots
-@_depth
-@_docker_host
-@_engines
-@_find_engines
-@_hook_dir
-@_audit_log
+@opts.config_path
+@opts.dry_run
+@opts.roots
+@opts.depth
+@opts.docker_host
+@opts.engines
+@opts.find_engines
+@opts.spools
+@opts.audit_log
 def reap(config_path: str | None, **flags: object) -> None:
     """Reap once what dead owners hold now, then exit (no agent needed)."""
     _require_root("exitwatch reap")
@@ -254,9 +203,9 @@ def reap(config_path: str | None, **flags: object) -> None:
 
 
 @cli.command()
-@_config_path
-@_status_socket
-@_hook_dir
+@opts.config_path
+@opts.status_socket
+@opts.spools
 @click.option(
     "--json", "as_json", is_flag=True, help="The status as JSON (schema: exitwatch-files(5))."
 )
@@ -298,13 +247,13 @@ def status(config_path: str | None, as_json: bool, since: str | None, **flags: o
 
 
 @cli.command()
-@_config_path
-@_option(
+@opts.config_path
+@opts.option(
     "--listen",
     metavar="PATH",
     help=f"The socket to serve when systemd passes none [default: {Adopt.listen}].",
 )
-@_option(
+@opts.option(
     "--docker-host",
     "adopt_docker_host",
     metavar="URL",

@@ -246,11 +246,19 @@ def on_death(
             "command or its env"
         )
     hook_id = secrets.token_hex(16)
-    spool = open_spool(hook_dir())
+    add_entry(hook_dir(), hook_id, HOOK_FILE, data)
+    return hook_id
+
+
+def add_entry(spool_path: str, entry_id: str, file: str, data: bytes) -> None:
+    """Put a new entry `entry_id` into the spool at `spool_path`: a directory of the
+    caller's, mode 0700, holding `file` (mode 0600) with `data`. Raises OSError
+    (FileExistsError when the entry is there already)."""
+    spool = open_spool(spool_path)
     try:
-        # Made under a dot name (never read as a hook) and renamed into place whole: the
-        # agent never sees a hook half written.
-        tmp = f".{hook_id}"
+        # Made under a dot name (never read as an entry) and renamed into place whole: the
+        # agent never sees an entry half written.
+        tmp = f".{entry_id}"
         os.mkdir(tmp, 0o700, dir_fd=spool)
         try:
             # Past the umask, before it is opened (a umask of 0777 leaves it 0000). By name:
@@ -258,22 +266,34 @@ def on_death(
             os.chmod(tmp, 0o700, dir_fd=spool)
             dir_fd = os.open(tmp, _DIR_FLAGS, dir_fd=spool)
             try:
-                _write_new(dir_fd, HOOK_FILE, data)
-                os.fsync(dir_fd)  # a crash of the host must not leave an empty hook behind
+                write_new(dir_fd, file, data)
+                os.fsync(dir_fd)  # a crash of the host must not leave an empty entry behind
             finally:
                 os.close(dir_fd)
-            os.rename(tmp, hook_id, src_dir_fd=spool, dst_dir_fd=spool)
+            # Not over an entry of the same name (a rename would replace an empty one).
+            if _exists(spool, entry_id):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), entry_id)
+            os.rename(tmp, entry_id, src_dir_fd=spool, dst_dir_fd=spool)
         except BaseException:
             # No one else may remove it from the sticky spool.
             with contextlib.suppress(OSError):
-                _remove_hook_dir(spool, tmp)
+                _remove_entry_dir(spool, tmp, file)
             raise
     finally:
         os.close(spool)
-    return hook_id
 
 
-def _write_new(dir_fd: int, name: str, data: bytes) -> None:
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def write_new(dir_fd: int, name: str, data: bytes) -> None:
+    """Write a new file `name` in the directory `dir_fd`, mode 0600 whatever the umask,
+    through no symlink, and sync it."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
     try:
@@ -286,13 +306,13 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _remove_hook_dir(spool: int, name: str) -> None:
-    """Remove the hook directory `name` of the spool (`spool` is its descriptor), with its
-    file. Raises OSError: ENOTEMPTY when its writer put more in it, which stays."""
+def _remove_entry_dir(spool: int, name: str, file: str) -> None:
+    """Remove the entry directory `name` of the spool (`spool` is its descriptor), with its
+    `file`. Raises OSError: ENOTEMPTY when its writer put more in it, which stays."""
     dir_fd = os.open(name, _DIR_FLAGS, dir_fd=spool)
     try:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(HOOK_FILE, dir_fd=dir_fd)
+            os.unlink(file, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
     os.rmdir(name, dir_fd=spool)
@@ -310,24 +330,31 @@ def cancel_hook(hook_id: str) -> bool:
             f"{hook_id!r} is not a hook id (32 hex digits): give the id that on_death "
             "(exitwatch on-death) printed"
         )
-    spool = open_spool(hook_dir())
+    return cancel_entry(hook_dir(), hook_id, HOOK_FILE, "hook")
+
+
+def cancel_entry(spool_path: str, entry_id: str, file: str, noun: str) -> bool:
+    """Remove the entry `entry_id` of the spool at `spool_path`, a `noun`'s whose one file
+    is `file`; False if it was not there. Only its maker may: PermissionError for another
+    user's, root included."""
+    spool = open_spool(spool_path)
     try:
         try:
-            st = os.stat(hook_id, dir_fd=spool, follow_symlinks=False)
+            st = os.stat(entry_id, dir_fd=spool, follow_symlinks=False)
         except FileNotFoundError:
             return False
         if st.st_uid != os.geteuid():
             raise PermissionError(
-                f"hook {hook_id} belongs to uid {st.st_uid}, not to you: cancel it as that user"
+                f"{noun} {entry_id} belongs to uid {st.st_uid}, not to you: cancel it as that user"
             )
         # Out of the agent's sight at once, under a dot name; then emptied and removed.
-        gone = f".{hook_id}.cancelled"
+        gone = f".{entry_id}.cancelled"
         try:
-            os.rename(hook_id, gone, src_dir_fd=spool, dst_dir_fd=spool)
+            os.rename(entry_id, gone, src_dir_fd=spool, dst_dir_fd=spool)
         except FileNotFoundError:  # ran (or cancelled) just now
             return False
         with contextlib.suppress(OSError):  # what else its writer put there stays theirs
-            _remove_hook_dir(spool, gone)
+            _remove_entry_dir(spool, gone, file)
     finally:
         os.close(spool)
     return True

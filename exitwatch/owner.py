@@ -126,6 +126,28 @@ def owner_of(pid: int | None = None) -> Owner:
     return Owner(current_boot_id(), pid, starttime, current_machine_id())
 
 
+def pidfd(owner: Owner) -> int | None:
+    """A pidfd of `owner` while it lives: a signal sent through it reaches that process and
+    no other, and it turns readable once the process has exited. None when the owner is
+    dead, or another machine's. Raises OSError when that cannot be told now (EMFILE)."""
+    if elsewhere(owner) is not None:
+        return None
+    try:
+        fd = os.pidfd_open(owner.pid)
+    except ProcessLookupError:
+        return None
+    try:
+        # Opened first, judged after: the process found alive is the one the fd holds (a pid
+        # reused in between has another start time, and reads as the owner dead).
+        if death(owner) is not None:
+            os.close(fd)
+            return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def describe_status(status: int | None) -> str:
     """How a process ended, from its raw wait status."""
     if status is None:

@@ -151,18 +151,32 @@ def _read_bytes(path: str, pid: int, limit: int) -> bytes:
         os.close(fd)
 
 
+def _status_line(pid: int, key: bytes, proc: str) -> list[bytes]:
+    """The fields of line `key` ("NSpid:") of /proc/PID/status. Raises ProcessLookupError
+    when the process is gone, OSError when the line cannot be read."""
+    data = _read_bytes(f"{proc}/{pid}/status", pid, 1 << 16)
+    for line in data.split(b"\n"):
+        if line.startswith(key):
+            return line.split()[1:]
+    if not data:  # the task went away meanwhile
+        raise ProcessLookupError(pid)
+    raise OSError(f"{proc}/{pid}/status has no {key.decode()} line")
+
+
+def uids(pid: int, proc: str = PROC) -> tuple[int, int, int, int]:
+    """PID's real, effective, saved and file-system uids (the Uid line of
+    /proc/PID/status), as this process's user namespace sees them. Any reader may read
+    them. Raises ProcessLookupError when it is gone, OSError when they cannot be read."""
+    real, effective, saved, fs = (int(u) for u in _status_line(pid, b"Uid:", proc)[:4])
+    return real, effective, saved, fs
+
+
 def nspid(pid: int, proc: str = PROC) -> tuple[int, ...]:
     """PID's pids in each pid namespace it is in, from the one this /proc belongs to down to
     its own (the NSpid line of /proc/PID/status): one pid for a process of that namespace,
     and a last pid of 1 for a namespace's init. Any reader may read it. Raises
     ProcessLookupError when the process is gone, OSError when the line cannot be read."""
-    data = _read_bytes(f"{proc}/{pid}/status", pid, 1 << 16)
-    for line in data.split(b"\n"):
-        if line.startswith(b"NSpid:"):
-            return tuple(int(p) for p in line.split()[1:])
-    if not data:  # the task went away meanwhile
-        raise ProcessLookupError(pid)
-    raise OSError(f"{proc}/{pid}/status has no NSpid line")
+    return tuple(int(p) for p in _status_line(pid, b"NSpid:", proc))
 
 
 def cmdline(pid: int, limit: int, proc: str = PROC) -> list[bytes]:

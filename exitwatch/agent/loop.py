@@ -20,7 +20,7 @@ from exitwatch.agent.record import Gauges, Recorder, gauges
 from exitwatch.agent.removals import Done, Pending, Removals
 from exitwatch.agent.settings import Settings
 from exitwatch.kinds import registry
-from exitwatch.kinds.base import Found, Gone, ResourceKind, Snapshot
+from exitwatch.kinds.base import Acted, Found, Gone, ResourceKind, Snapshot
 from exitwatch.owner import Owner, death, describe_status
 from exitwatch.sources.base import Exit, Lost, Source
 
@@ -121,8 +121,7 @@ class Agent:
     def _stop_parts(self) -> None:
         """Stop the source and the kinds side by side: each may take up to its own deadline
         to join its thread, and one after another they would overrun the shutdown budget."""
-        parts: list[ResourceKind | Source] = [*self.kinds.values()]
-        parts += [self.source] if self.source else []
+        parts: list[ResourceKind | Source] = [*self.kinds.values(), *filter(None, [self.source])]
         stoppers = [threading.Thread(target=p.stop, daemon=True) for p in parts]
         for stopper in stoppers:
             stopper.start()
@@ -141,8 +140,7 @@ class Agent:
                 item.answer.set_exception(TimeoutError("the agent has stopped"))
 
     def drain(self, timeout: float) -> int:
-        """Wait up to `timeout` for removals under way; how many were still running."""
-        return self._removals.drain(timeout)
+        return self._removals.drain(timeout)  # how many were still running after `timeout`
 
     def reconcile(self) -> list[str]:
         """One pass over everything that exists now: reap what dead owners hold, and wait.
@@ -263,6 +261,8 @@ class Agent:
                         self._periodic.changed(r.kind, r.key, None)
             case Scanned():
                 self._reconciled(item)
+            case Acted(owner=owner, why=why, outcome=outcome):
+                self.recorder.acted(owner, why, outcome)
             case _Ask(fn=fn, answer=answer):
                 try:
                     answer.set_result(fn())

@@ -61,9 +61,37 @@ class Recorder:
         with self._lock:
             return list(self.recent)
 
+    def acted(self, owner: Owner, why: str, outcome: Outcome) -> None:
+        """What a kind did to a live owner on its own (its watchdog ended it), `why`: a
+        warning, an audit line and an entry of the recent list, as a removal's."""
+        self._record(owner, why, outcome, 0.0, False, ("ended", logging.WARNING, None))
+
     def outcome(
         self, owner: Owner, death: str, outcome: Outcome, latency: float, dry_run: bool = False
     ) -> None:
+        if outcome.refused:
+            counter, verb, level = "refusals", "refused", logging.WARNING
+        elif not outcome.ok:
+            counter, verb, level = "removal_errors", "failed", logging.WARNING
+        elif dry_run:
+            counter, verb, level = f"would_reap_{outcome.kind}", "would reap", logging.INFO
+        else:
+            counter, verb, level = f"reaped_{outcome.kind}", "reaped", logging.INFO
+        # The histogram first: whoever sees the counter move then sees the latency too.
+        if self.observe is not None and outcome.ok and not dry_run:
+            self.observe(outcome.kind, latency)
+        self._record(owner, death, outcome, latency, dry_run, (verb, level, counter))
+
+    def _record(
+        self,
+        owner: Owner,
+        death: str,
+        outcome: Outcome,
+        latency: float,
+        dry_run: bool,
+        how: tuple[str, int, str | None],
+    ) -> None:
+        verb, level, counter = how
         reap = Reap(
             time=round(time.time(), 3),
             what=outcome.what,
@@ -76,20 +104,10 @@ class Recorder:
             refused=outcome.refused,
             dry_run=dry_run,
         )
-        if outcome.refused:
-            counter, verb, level = "refusals", "refused", logging.WARNING
-        elif not outcome.ok:
-            counter, verb, level = "removal_errors", "failed", logging.WARNING
-        elif dry_run:
-            counter, verb, level = f"would_reap_{outcome.kind}", "would reap", logging.INFO
-        else:
-            counter, verb, level = f"reaped_{outcome.kind}", "reaped", logging.INFO
-        # The histogram first: whoever sees the counter move then sees the latency too.
-        if self.observe is not None and outcome.ok and not dry_run:
-            self.observe(outcome.kind, latency)
         with self._lock:
             self.recent.append(reap)
-            self._counters[counter] += 1
+            if counter is not None:
+                self._counters[counter] += 1
             self._counters.update(outcome.counts)
         if self.audit is not None:
             self.audit.write(asdict(reap) | ({"extra": outcome.extra} if outcome.extra else {}))

@@ -58,7 +58,18 @@ class Snapshot:
         return self.scopes is None or key.startswith(self.scopes)
 
 
-Change = Found | Gone | Snapshot
+@dataclass(frozen=True)
+class Acted:
+    """What a kind did on its own to a live owner (its watchdog ended it): recorded as a
+    removal is (a log line, an audit line, status's recent list), changing nothing in the
+    index. `why` stands where a removal has how the owner died."""
+
+    owner: Owner
+    why: str
+    outcome: Outcome
+
+
+Change = Found | Gone | Snapshot | Acted
 Notify = Callable[[Change], None]
 
 

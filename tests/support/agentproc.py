@@ -47,7 +47,7 @@ def agent_argv(
     leftovers: bool = False,
 ) -> list[str]:
     """The command line of an agent following `source`, with a short poll interval, and
-    its status socket, audit log and hook spool in a fresh directory of its own (never the
+    its status socket, audit log and spools (hooks, leases, watchdogs) in a fresh directory of its own (never the
     system's). Without `leftovers`, the process kind is off, unless `extra` names a config
     file (which then says, with NO_LEFTOVERS). A `docker_host` of None gives no
     --docker-host: the agent follows the engines it finds (and DOCKER_HOST's, or the
@@ -73,8 +73,9 @@ def agent_argv(
     ]
     for root in roots:
         argv += ["--workdir-root", str(root)]
-    if "--hook-dir" not in extra:
-        argv += ["--hook-dir", f"{state}/hooks"]
+    for spool in ("hook", "lease", "watchdog"):
+        if f"--{spool}-dir" not in extra:
+            argv += [f"--{spool}-dir", f"{state}/{spool}s"]
     # The engines it would find are the host's (other tests' rootless ones): only a test
     # about finding them asks for it.
     if "--find-engines" not in extra:

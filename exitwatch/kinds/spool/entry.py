@@ -41,6 +41,9 @@ class Format:
     problem: Callable[[object], str | None]
     show: Callable[[str, dict], str] = lambda name, body: f"{name}: {shlex.join(body['argv'])}"
     unusable: str = "none is followed"  # what a spool that cannot be used means: "no hook runs"
+    # What the index keeps of an entry's body, beside its name (Entry.detail): a lease's
+    # interval, a watchdog's timeout. A change of it is a change of the entry.
+    keep: Callable[[dict], tuple] = lambda body: ()
 
 
 class EntryError(ValueError):
@@ -63,6 +66,7 @@ class Entry(Resource):
     ino: int = 0  # of its file
     dev: int = 0
     dir_ino: int = 0
+    detail: tuple = ()  # what its Format keeps of its body
 
 
 @dataclass
@@ -148,7 +152,10 @@ def read_entry(fmt: Format, kind: str, spool_fd: int, name: str) -> Opened:
         os.close(dir_fd)
         raise
     shown = printable(fmt.show(name, body)[:200])
-    entry = Entry(kind, name, owner, shown, None, st.st_uid, file_st.st_ino, st.st_dev, st.st_ino)
+    entry = Entry(
+        kind, name, owner, shown, None, st.st_uid, file_st.st_ino, st.st_dev, st.st_ino,
+        fmt.keep(body),
+    )  # fmt: skip
     return Opened(entry, body, dir_fd, fd)
 
 

@@ -11,9 +11,17 @@ import os
 import time
 
 from exitwatch.kinds import discovery, inotify
-from exitwatch.kinds.base import Notify, ResourceKind, Snapshot
+from exitwatch.kinds.base import Notify, Outcome, Resource, ResourceKind, Snapshot
 from exitwatch.kinds.fsops import printable
-from exitwatch.kinds.spool.entry import Entry, EntryError, Format, ensure_spool, spool_fd
+from exitwatch.kinds.spool.entry import (
+    Entry,
+    EntryError,
+    Format,
+    ensure_spool,
+    read_entry,
+    remove_entry,
+    spool_fd,
+)
 from exitwatch.kinds.spool.listing import Spool
 
 log = logging.getLogger(__name__)
@@ -141,3 +149,41 @@ class SpoolKind(ResourceKind):
             if listing.known is None:
                 listing.report({})
             raise
+
+    # -- removal of entries whose owner is dead (leases, watchdogs) -------------------------
+
+    def delete(self, resources: list[Resource], dry_run: bool, done: str) -> list[Outcome]:
+        """Delete the entries `resources` of a dead owner: each if it still names that
+        owner, and its directory and file are the ones found. `done` says what that means."""
+        if dry_run:
+            return [
+                Outcome.done(self.what(r), self.kind, "would remove", key=r.key) for r in resources
+            ]
+        try:
+            dir_fd = spool_fd(self.path)
+        except (OSError, EntryError) as err:
+            why = f"failed: spool: {getattr(err, 'strerror', None) or err}"
+            return [Outcome.failed(self.what(r), self.kind, why, key=r.key) for r in resources]
+        try:
+            return [self._delete_one(dir_fd, res, done) for res in resources]
+        finally:
+            os.close(dir_fd)
+
+    def _delete_one(self, dir_fd: int, res: Resource, done: str) -> Outcome:
+        what, kind = self.what(res), self.kind
+        try:
+            opened = read_entry(self.fmt, kind, dir_fd, res.key)
+        except FileNotFoundError:
+            return Outcome.done(what, kind, "already gone (cancelled)", key=res.key)
+        except EntryError as err:
+            return Outcome.refusal(what, kind, str(err), key=res.key)
+        try:
+            if opened.entry.owner != res.owner:
+                why = f"it now names owner {opened.entry.owner}, not {res.owner}"
+                return Outcome.refusal(what, kind, why, key=res.key)
+            remove_entry(self.fmt, dir_fd, opened)
+        except OSError as err:
+            return Outcome.failed(what, kind, f"failed: {err.strerror}", key=res.key)
+        finally:
+            opened.close()
+        return Outcome.done(what, kind, done, key=res.key)

@@ -1,8 +1,9 @@
-"""Running one on-death hook as its user: credentials, environment, directory, a process
-group of its own that is killed as a whole when the hook ends or times out, the tail of
-its output, and an OOM score of its own.
+"""Running one command of a spool's entry (a hook, a lease's run) as its user:
+credentials, environment, directory, a process group of its own that is killed as a whole
+when the command ends, times out or is stopped, the tail of its output, and an OOM score
+of its own.
 
-Nothing here knows what a hook file is; kind.py decides what runs and as whom.
+Nothing here knows what an entry is; the kinds decide what runs and as whom.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 TAIL_BYTES = 2048  # of the output kept for the audit record
@@ -35,19 +36,22 @@ _ENTER = (
 
 @dataclass(frozen=True)
 class Ran:
-    """How one run of a hook ended."""
+    """How one run of a command ended."""
 
     returncode: int  # negative: killed by that signal
     timed_out: bool
     seconds: float
     tail: str  # the last TAIL_BYTES of stdout and stderr together
+    stopped: bool = False  # killed because one of its stop descriptors became readable
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and not self.stopped
 
     def describe(self) -> str:
-        if self.timed_out:
+        if self.stopped:
+            how = "stopped, process group killed"
+        elif self.timed_out:
             how = "timed out, process group killed"
         elif self.returncode < 0:
             how = f"killed by {_signame(-self.returncode)}"
@@ -74,10 +78,12 @@ def run_as(
     env: Mapping[str, str],
     cwd: str,
     timeout: float,
+    stop_fds: Iterable[int] = (),
 ) -> Ran:
     """Run `argv` as `user` (uid, primary gid, supplementary groups) with exactly `env`,
     in `cwd` as the user may reach it, stdin from /dev/null, in a new session whose
-    process group is killed once its leader has exited (or at the timeout). Raises
+    process group is killed once its leader has exited (or at the timeout, or as soon as
+    one of `stop_fds` is readable: a lease's owner's pidfd, the agent's stop). Raises
     OSError when it cannot be started, or its group cannot be killed."""
     groups = os.getgrouplist(user.pw_name, user.pw_gid)
     started = time.monotonic()
@@ -98,12 +104,15 @@ def run_as(
     out = proc.stdout.fileno()
     pidfd = -1
     tail = bytearray()
-    timed_out = False
+    timed_out = stopped = False
+    stops = set(stop_fds)
     try:
         pidfd = os.pidfd_open(proc.pid)  # readable once it has exited: no polling loop
         poller = select.poll()
         poller.register(out, select.POLLIN)
         poller.register(pidfd, select.POLLIN)
+        for fd in stops:
+            poller.register(fd, select.POLLIN)
         deadline = started + timeout
         exited = False
         while not exited:
@@ -112,11 +121,13 @@ def run_as(
                 timed_out = True
                 _kill_group(proc.pid)
                 break
-            for fd, _ in poller.poll(left * 1000):
-                if fd == pidfd:
-                    exited = True
-                elif not _read_into(out, tail):
-                    poller.unregister(out)
+            ready = {fd for fd, _ in poller.poll(left * 1000)}
+            if out in ready and not _read_into(out, tail):
+                poller.unregister(out)
+            # One that ended by itself meanwhile was not stopped.
+            exited = pidfd in ready
+            if not exited and ready & stops:
+                stopped = exited = True
         # Whatever it left running goes with it, a success too: killed while the leader is
         # an unreaped zombie, which keeps its pid (the group's id) from being reused.
         # A child that called setsid has left the group, and is out of reach here.
@@ -137,7 +148,7 @@ def run_as(
                 proc.wait()
     seconds = time.monotonic() - started
     text = bytes(tail).decode("utf-8", "replace")
-    return Ran(proc.returncode, timed_out, seconds, text)
+    return Ran(proc.returncode, timed_out, seconds, text, stopped and not timed_out)
 
 
 def _kill_group(pgid: int) -> None:

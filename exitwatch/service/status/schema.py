@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-from exitwatch.kinds.registry import DockerHealth, ProcessesHealth, WorkdirsHealth
+from exitwatch.kinds.registry import (
+    DockerHealth,
+    LeasesHealth,
+    ProcessesHealth,
+    WatchdogsHealth,
+    WorkdirsHealth,
+)
 
 
 class AgentInfo(TypedDict):
@@ -112,6 +118,8 @@ class Status(TypedDict):
     docker: NotRequired[DockerHealth]
     workdirs: NotRequired[WorkdirsHealth]
     processes: NotRequired[ProcessesHealth]
+    leases: NotRequired[LeasesHealth]
+    watchdogs: NotRequired[WatchdogsHealth]
     owners: list[OwnerEntry]
     elsewhere: list[ElsewhereEntry]
     pending: list[PendingEntry]

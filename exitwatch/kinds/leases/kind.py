@@ -1,0 +1,315 @@
+"""Leases: directories in a spool, each holding a command that the agent runs as the
+directory's owner every so often, for as long as the lease's owner lives. "Removing" one (its
+owner is dead) is forgetting it, so that it never runs again, and deleting its directory.
+
+A lease runs with a hook's rules (kinds/hooks): as its user, with a minimal environment,
+in a process group of its own killed at its timeout; on workers of its own, PER_UID of one
+user at once, so that no user's leases delay another's. Each run holds a pidfd of the
+owner: the run is killed the moment the owner exits, and none starts once it has.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import heapq
+import logging
+import os
+import pwd
+import shlex
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypedDict
+
+from exitwatch import owner as owners
+from exitwatch.alive import ENV_LEASE_OWNER, LEASE_FILE, lease_problem
+from exitwatch.kinds.base import Change, Found, Gone, Notify, Outcome, Resource, Snapshot
+from exitwatch.kinds.spool import spawn
+from exitwatch.kinds.spool.entry import (
+    Entry,
+    EntryError,
+    Format,
+    check_again,
+    read_entry,
+    spool_fd,
+)
+from exitwatch.kinds.spool.kind import SpoolKind
+from exitwatch.owner import Owner
+
+log = logging.getLogger(__name__)
+
+KIND = "lease"
+PER_UID = 8  # runs of one user's leases at once; the rest wait their turn, holding no worker
+JOBS = 64  # runs at once, over all users
+# A lease that keeps failing says so once, then once per FAILING_LOG_EVERY, not at each run.
+FAILING_LOG_EVERY = 300.0
+
+FORMAT = Format(
+    "lease",
+    LEASE_FILE,
+    lease_problem,
+    show=lambda name, body: f"{name}: every {body['every']:g} s: {shlex.join(body['argv'])}",
+    unusable="no lease runs",
+    keep=lambda body: (float(body["every"]),),
+)
+
+
+class LeasesHealth(TypedDict):
+    """The status document's `leases` entry."""
+
+    leases: int  # followed now: their owners live
+    running: int  # runs under way
+    runs: int  # since start, each run
+    failures: int  # runs that failed to start, exited non-zero or timed out
+    failing: int  # leases whose last run failed
+    last_failure: str | None
+    unreadable: int  # runs not started: whether the owner lives could not be read
+
+
+@dataclass
+class _Lease:
+    entry: Entry
+    due: float  # monotonic
+    running: bool = False
+    waiting: bool = False  # in its user's queue
+    failing: bool = False
+    logged: float = float("-inf")  # when its failing was last said
+
+
+class Leases(SpoolKind):
+    """The leases in one spool directory, and their runs."""
+
+    kind = KIND
+    fmt = FORMAT
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._cond = threading.Condition()
+        self._leases: dict[str, _Lease] = {}
+        self._heap: list[tuple[float, str]] = []
+        self._per_uid: collections.Counter[int] = collections.Counter()
+        self._queued: dict[int, collections.deque[str]] = collections.defaultdict(collections.deque)
+        self._totals: collections.Counter[str] = collections.Counter()
+        self._last_failure: str | None = None
+        self._stopping = False
+        # Readable once the agent stops: the runs under way are killed with it.
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._pool = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-lease-run")
+        self._thread: threading.Thread | None = None
+
+    # -- following: the leases the discovery tells of --------------------------------------
+
+    def start(self, notify: Notify) -> None:
+        self._thread = threading.Thread(target=self._schedule, name="exitwatch-leases", daemon=True)
+        self._thread.start()
+        super().start(self._told(notify))
+
+    def _told(self, notify: Notify) -> Notify:
+        def tell(change: Change) -> None:
+            self._apply(change)
+            notify(change)
+
+        return tell
+
+    def _apply(self, change: Change) -> None:
+        with self._cond:
+            match change:
+                case Found(resource=Entry() as entry):
+                    self._add(entry)
+                case Gone(key=key):
+                    self._leases.pop(key, None)
+                case Snapshot(resources=resources):
+                    entries = [r for r in resources if isinstance(r, Entry)]
+                    for key in self._leases.keys() - {e.key for e in entries}:
+                        del self._leases[key]
+                    for entry in entries:
+                        self._add(entry)
+            self._cond.notify()
+
+    def _add(self, entry: Entry) -> None:
+        """A lease seen (again): a new or changed one runs at once, then on its interval."""
+        old = self._leases.get(entry.key)
+        if old is not None and old.entry == entry:
+            return
+        now = time.monotonic()
+        lease = _Lease(entry, now)
+        if old is not None:  # changed: no run of it twice at once all the same
+            lease.running, lease.waiting = old.running, old.waiting
+        self._leases[entry.key] = lease
+        heapq.heappush(self._heap, (now, entry.key))
+
+    def stop(self) -> None:
+        super().stop()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+        if self._thread is not None:
+            self._thread.join(2.0)
+        self._pool.shutdown(wait=False)
+
+    # -- the schedule ------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        with self._cond:
+            while not self._stopping:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    due, key = heapq.heappop(self._heap)
+                    lease = self._leases.get(key)
+                    if lease is not None and lease.due == due:
+                        self._due(lease, now)
+                timeout = self._heap[0][0] - now if self._heap else None
+                self._cond.wait(timeout)
+
+    def _due(self, lease: _Lease, now: float) -> None:
+        """Its time has come: it runs now, or once its user has a run to spare. The next
+        run is due `every` after this one was: a run that takes longer skips the runs it
+        overlaps, never runs twice at once."""
+        lease.due = now + lease.entry.detail[0]
+        heapq.heappush(self._heap, (lease.due, lease.entry.key))
+        if lease.running or lease.waiting:
+            return
+        uid = lease.entry.uid
+        if self._per_uid[uid] >= PER_UID:
+            lease.waiting = True
+            self._queued[uid].append(lease.entry.key)
+            return
+        self._begin(lease)
+
+    def _begin(self, lease: _Lease) -> None:
+        if self._stopping:  # the pool is shut: nothing starts after the agent's stop
+            return
+        lease.running, lease.waiting = True, False
+        self._per_uid[lease.entry.uid] += 1
+        self._pool.submit(self._run, lease.entry)
+
+    def _ended(self, entry: Entry, result: tuple[str, str] | None) -> None:
+        """A run of `entry` ended: `result` is (what, why) of a failure, else None."""
+        with self._cond:
+            uid = entry.uid
+            self._per_uid[uid] -= 1
+            if not self._per_uid[uid]:
+                del self._per_uid[uid]
+            lease = self._leases.get(entry.key)
+            if lease is not None:
+                lease.running = False
+                self._said(lease, result)
+            queue = self._queued.get(uid)
+            while queue and self._per_uid[uid] < PER_UID:
+                waiting = self._leases.get(queue.popleft())
+                if waiting is not None and waiting.waiting and not waiting.running:
+                    self._begin(waiting)
+            if queue is not None and not queue:
+                del self._queued[uid]
+
+    def _said(self, lease: _Lease, result: tuple[str, str] | None) -> None:
+        """Say a lease's failing once as it starts, then every FAILING_LOG_EVERY; and when
+        it works again."""
+        what = self.what(lease.entry)
+        if result is None:
+            if lease.failing:
+                log.info("%s: runs again", what)
+            lease.failing = False
+            return
+        now = time.monotonic()
+        if not lease.failing or now - lease.logged >= FAILING_LOG_EVERY:
+            log.warning("%s: %s", what, result[1])
+            lease.logged = now
+        lease.failing = True
+
+    # -- one run -----------------------------------------------------------------------------
+
+    def _run(self, entry: Entry) -> None:
+        result: tuple[str, str] | None = None
+        try:
+            result = self._run_one(entry)
+        except Exception as err:  # one run's surprise must not stop the lease
+            result = ("failures", f"cannot run: {type(err).__name__}: {err}")
+        finally:
+            if result is not None:
+                key, why = result
+                with self._cond:
+                    self._totals[key] += 1
+                    self._totals["runs"] += key in ("ok", "failures", "stopped")
+                    if key == "failures":
+                        self._last_failure = f"{self.what(entry)}: {why}"
+            self._ended(entry, result if result and result[0] == "failures" else None)
+
+    def _run_one(self, entry: Entry) -> tuple[str, str] | None:
+        """Run the lease once, if its owner lives: (how it went, why), "ok", "failures",
+        "stopped" (its owner died, or the agent stops) or "unreadable" (none made: whether
+        its owner lives could not be told); None when none was made (its owner is dead,
+        the lease went or changed)."""
+        try:
+            pidfd = owners.pidfd(entry.owner)
+        except OSError as err:  # proves nothing: the next run tries again
+            return ("unreadable", f"cannot tell whether its owner lives: {err.strerror}")
+        if pidfd is None:
+            return None  # dead: the agent removes it
+        try:
+            return self._run_opened(entry, pidfd)
+        finally:
+            os.close(pidfd)
+
+    def _run_opened(self, entry: Entry, pidfd: int) -> tuple[str, str] | None:
+        dir_fd = spool_fd(self.path)
+        try:
+            try:
+                opened = read_entry(FORMAT, KIND, dir_fd, entry.key)
+            except FileNotFoundError:
+                return None  # cancelled
+            except EntryError as err:
+                return ("failures", f"refused: {err}")
+            try:
+                if opened.entry != entry:
+                    return None  # changed since: the next look at the spool has the new one
+                check_again(FORMAT, opened, dir_fd)
+                user = pwd.getpwuid(entry.uid)
+                env = spawn.environment(user, opened.body["env"])
+                env[ENV_LEASE_OWNER] = str(entry.owner)
+                body = opened.body
+                stops = (pidfd, self._stop_r)
+                ran = spawn.run_as(user, body["argv"], env, body["cwd"], body["timeout"], stops)
+            finally:
+                opened.close()
+        except EntryError as err:
+            return ("failures", f"refused: {err}")
+        except (KeyError, OSError) as err:
+            why = err.strerror if isinstance(err, OSError) else "its user vanished"
+            return ("failures", f"cannot run: {why}")
+        finally:
+            os.close(dir_fd)
+        if ran.ok:
+            return ("ok", "")
+        if ran.stopped:  # its owner died, or the agent stops: not the lease's failure
+            return ("stopped", ran.describe())
+        return ("failures", f"failed: {ran.describe()}; output: {ran.tail[-200:]!r}")
+
+    # -- removal: the owner is dead ----------------------------------------------------------
+
+    def remove(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
+        """Forget the dead owner's leases (no run starts again; one under way was killed as
+        its owner exited) and delete them."""
+        if not dry_run:
+            with self._cond:
+                for res in resources:
+                    self._leases.pop(res.key, None)
+        return self.delete(resources, dry_run, "removed; it runs no more")
+
+    def health(self) -> LeasesHealth:
+        with self._cond:
+            return {
+                "leases": len(self._leases),
+                "running": sum(self._per_uid.values()),
+                "runs": self._totals["runs"],
+                "failures": self._totals["failures"],
+                "failing": sum(lease.failing for lease in self._leases.values()),
+                "last_failure": self._last_failure,
+                "unreadable": self._totals["unreadable"],
+            }

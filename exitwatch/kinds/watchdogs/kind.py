@@ -1,0 +1,382 @@
+"""Watchdogs: directories in a spool, each holding a file that names an owner and a timeout.
+While the owner lives, a pet (a touch of the file: its change time moves) keeps it armed;
+once `timeout` seconds pass without one, the agent ends the owner: SIGTERM and SIGCONT, then
+SIGKILL after its grace. From then on it is a dead owner like any other. "Removing" a
+watchdog (its owner is dead) is deleting its directory.
+
+Before it signals, the agent holds a pidfd of the owner, checks through /proc that the
+process is still that owner (its start time) and that it runs as the user who armed the
+watchdog (or root armed it); a signal through the pidfd reaches that process or none. What
+cannot be read (a full fd table, a transient /proc error) proves nothing: it never fires
+then, and looks again a second later.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from exitwatch import owner as owners
+from exitwatch import procfs
+from exitwatch.alive import WATCHDOG_FILE, watchdog_problem
+from exitwatch.kinds.base import Acted, Change, Found, Gone, Notify, Outcome, Resource, Snapshot
+from exitwatch.kinds.fsops import printable
+from exitwatch.kinds.spool.entry import (
+    Entry,
+    EntryError,
+    Format,
+    read_entry,
+    spool_fd,
+)
+from exitwatch.kinds.spool.kind import SpoolKind
+from exitwatch.owner import Owner
+
+log = logging.getLogger(__name__)
+
+KIND = "watchdog"
+AGAIN = 1.0  # seconds before a look that could not be made is made again
+RECENT = 20  # the last firings status shows
+
+FORMAT = Format(
+    "watchdog",
+    WATCHDOG_FILE,
+    watchdog_problem,
+    show=lambda name, body: f"{name}: {body['timeout']:g} s",
+    unusable="no watchdog fires",
+    keep=lambda body: (float(body["timeout"]), float(body["grace"]), body.get("reason", "")),
+)
+
+
+class Firing(TypedDict):
+    """One owner a watchdog ended, as status shows it."""
+
+    time: float  # unix time of the SIGTERM
+    owner: str
+    watchdog: str
+    after_s: float  # seconds without a pet
+    killed: bool  # SIGKILL was needed after the grace
+
+
+class WatchdogsHealth(TypedDict):
+    """The status document's `watchdogs` entry."""
+
+    armed: int  # watchdogs of live owners followed now
+    fired: int  # owners ended since start
+    killed: int  # of which needed SIGKILL after their grace
+    refused: int  # firings refused (the owner runs as another user than the watchdog's)
+    unreadable: int  # looks that could not be made: the owner's state, or the pet file
+    last_unreadable: str | None
+    recent: list[Firing]
+
+
+@dataclass
+class _Armed:
+    entry: Entry
+    stamp: tuple[int, int]  # the file's (ctime, mtime) in ns when last looked at
+    looked: float  # monotonic time of that look
+    pet: float  # monotonic time of the last pet, as near as the look can tell
+    due: float
+    fired: _Fired | None = None
+
+
+@dataclass
+class _Fired:
+    pidfd: int
+    at: float
+    kill_at: float
+    firing: Firing
+    done: bool = field(default=False)
+
+
+class Watchdogs(SpoolKind):
+    """The watchdogs in one spool directory, and the timer that fires them."""
+
+    kind = KIND
+    fmt = FORMAT
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._cond = threading.Condition()
+        self._armed: dict[str, _Armed] = {}
+        self._heap: list[tuple[float, str]] = []
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._recent: collections.deque[Firing] = collections.deque(maxlen=RECENT)
+        self._last_unreadable: str | None = None
+        self._said: set[str] = set()  # what cannot be read, said once per watchdog
+        self._stopping = False
+        self._notify: Notify | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- following ---------------------------------------------------------------------------
+
+    def start(self, notify: Notify) -> None:
+        self._notify = notify
+        self._thread = threading.Thread(target=self._timer, name="exitwatch-watchdogs", daemon=True)
+        self._thread.start()
+
+        def tell(change: Change) -> None:
+            self._apply(change)
+            notify(change)
+
+        super().start(tell)
+
+    def _apply(self, change: Change) -> None:
+        with self._cond:
+            match change:
+                case Found(resource=Entry() as entry):
+                    self._arm(entry)
+                case Gone(key=key):
+                    self._disarm(key)
+                case Snapshot(resources=resources):
+                    entries = [r for r in resources if isinstance(r, Entry)]
+                    for key in self._armed.keys() - {e.key for e in entries}:
+                        self._disarm(key)
+                    for entry in entries:
+                        self._arm(entry)
+            self._cond.notify()
+
+    def _arm(self, entry: Entry) -> None:
+        """A watchdog seen: first seen, it counts as petted now (the agent saw no earlier
+        pet: after a restart, a hung owner gets one timeout more, never one less)."""
+        old = self._armed.get(entry.key)
+        if old is not None and old.entry == entry:
+            return
+        if old is not None and old.fired is not None:
+            return  # it fired: the owner is being ended, whatever the file says now
+        now = time.monotonic()
+        # No stamp yet: the first look reads the file's change time as a pet, held within
+        # [now, that look], which is right whether it was petted since or not.
+        armed = _Armed(entry, (0, 0), now, now, now + entry.detail[0])
+        self._armed[entry.key] = armed
+        heapq.heappush(self._heap, (armed.due, entry.key))
+
+    def _disarm(self, key: str) -> None:
+        armed = self._armed.pop(key, None)
+        if armed is not None and armed.fired is not None and not armed.fired.done:
+            self._armed[key] = armed  # the grace runs out all the same: SIGKILL is due
+
+    def stop(self) -> None:
+        super().stop()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    # -- the timer ---------------------------------------------------------------------------
+
+    def _timer(self) -> None:
+        with self._cond:
+            while not self._stopping:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    due, key = heapq.heappop(self._heap)
+                    armed = self._armed.get(key)
+                    if armed is not None and armed.due == due:
+                        self._look(armed, now)
+                timeout = self._heap[0][0] - now if self._heap else None
+                self._cond.wait(timeout)
+
+    def _later(self, armed: _Armed, at: float) -> None:
+        armed.due = at
+        heapq.heappush(self._heap, (at, armed.entry.key))
+
+    def _look(self, armed: _Armed, now: float) -> None:
+        """Its time is up, as far as was known: fire, unless a pet came meanwhile."""
+        if armed.fired is not None:
+            self._kill(armed, now)
+            return
+        stamp = self._stamp(armed.entry)
+        if stamp is None:  # cannot be read now: proves nothing
+            self._later(armed, now + AGAIN)
+            return
+        if stamp != armed.stamp:
+            # Petted since the last look. The change time is the kernel's clock at the pet,
+            # which the pet's writer cannot set; translated to the monotonic clock, and held
+            # within the two looks (a step of the wall clock must not move it further).
+            ago = time.time() - stamp[0] / 1e9
+            armed.pet = min(now, max(armed.looked, now - ago))
+            armed.stamp = stamp
+        armed.looked = now
+        due = armed.pet + armed.entry.detail[0]
+        if due > now:
+            self._later(armed, due)
+            return
+        self._fire(armed, now)
+
+    def _stamp(self, entry: Entry) -> tuple[int, int] | None:
+        """The watchdog file's (ctime, mtime) in ns, or None when it cannot be read now
+        (said once). A file gone is not read as a pet: its Gone is on its way."""
+        try:
+            dir_fd = spool_fd(self.path)
+            try:
+                path = f"{entry.key}/{WATCHDOG_FILE}"
+                st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) != (entry.dev, entry.ino):
+                    self._rearmed(dir_fd, entry)
+                    return None
+            finally:
+                os.close(dir_fd)
+        except FileNotFoundError:
+            return None
+        except (OSError, EntryError) as err:
+            self._unreadable(entry, f"its file: {getattr(err, 'strerror', None) or err}")
+            return None
+        return (st.st_ctime_ns, st.st_mtime_ns)
+
+    def _rearmed(self, dir_fd: int, entry: Entry) -> None:
+        """Its file was replaced (armed again, perhaps with another timeout), which raises
+        no event in the spool: read now, and armed anew (a pet), rather than at the next
+        whole listing. One refused is not armed; the listing says why."""
+        try:
+            opened = read_entry(FORMAT, KIND, dir_fd, entry.key)
+        except (FileNotFoundError, EntryError):
+            self._armed.pop(entry.key, None)
+            return
+        opened.close()
+        if opened.entry.owner == entry.owner and opened.entry.uid == entry.uid:
+            self._arm(opened.entry)
+        else:
+            self._armed.pop(entry.key, None)
+
+    def _unreadable(self, entry: Entry, why: str) -> None:
+        self._counts["unreadable"] += 1
+        self._last_unreadable = f"{self.what(entry)}: {why}"
+        if entry.key not in self._said:
+            self._said.add(entry.key)
+            log.warning("%s: cannot look now, so it does not fire: %s", self.what(entry), why)
+
+    def _fire(self, armed: _Armed, now: float) -> None:
+        entry, (_, grace, reason) = armed.entry, armed.entry.detail
+        owner = entry.owner
+        try:
+            found = self._owner(owner)
+        except OSError as err:  # EMFILE, a transient /proc error: proves nothing
+            self._unreadable(entry, f"its owner {owner}: {err.strerror or err}")
+            self._later(armed, now + AGAIN)
+            return
+        self._said.discard(entry.key)
+        if found is None:
+            # Dead already (or another machine's): nothing to end; the agent removes it.
+            self._armed.pop(entry.key, None)
+            return
+        pidfd, uids = found
+        if entry.uid != 0 and any(uid != entry.uid for uid in uids):
+            os.close(pidfd)
+            self._counts["refused"] += 1
+            log.warning(
+                "%s: refused: its owner %s runs as uid %d, not as uid %d who armed it; it "
+                "is not fired",
+                self.what(entry),
+                owner,
+                uids[1],
+                entry.uid,
+            )
+            self._armed.pop(entry.key, None)  # looked at again if its file changes
+            return
+        after = round(now - armed.pet, 1)
+        why = f"ended by its watchdog after {after:g} s without a pet"
+        if reason:
+            why += f" ({printable(reason)})"
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            signal.pidfd_send_signal(pidfd, signal.SIGCONT)  # a stopped one acts on it now
+        except ProcessLookupError:
+            os.close(pidfd)
+            self._armed.pop(entry.key, None)
+            return
+        except OSError as err:  # EPERM: the agent lacks CAP_KILL
+            os.close(pidfd)
+            self._unreadable(entry, f"cannot signal its owner {owner}: {err.strerror}")
+            self._later(armed, now + AGAIN)
+            return
+        firing: Firing = {
+            "time": round(time.time(), 3),
+            "owner": str(owner),
+            "watchdog": entry.key,
+            "after_s": after,
+            "killed": False,
+        }
+        armed.fired = _Fired(pidfd, now, now + grace, firing)
+        self._counts["fired"] += 1
+        self._recent.append(firing)
+        detail = f"SIGTERM sent; SIGKILL after {grace:g} s if it still runs"
+        self._tell(entry, why, detail)
+        self._later(armed, now + grace)
+
+    @staticmethod
+    def _owner(owner: Owner) -> tuple[int, tuple[int, ...]] | None:
+        """A pidfd of `owner` and its uids (real, effective, saved, file system), read after
+        the pidfd was opened and the owner judged alive through it; None when it is dead.
+        Raises OSError when that cannot be read now."""
+        pidfd = owners.pidfd(owner)
+        if pidfd is None:
+            return None
+        try:
+            return pidfd, procfs.uids(owner.pid)
+        except ProcessLookupError:
+            os.close(pidfd)
+            return None
+        except BaseException:
+            os.close(pidfd)
+            raise
+
+    def _kill(self, armed: _Armed, now: float) -> None:
+        """The grace ran out: SIGKILL, unless it exited (its pidfd is readable then)."""
+        fired = armed.fired
+        assert fired is not None
+        if not fired.done:
+            fired.done = True
+            exited = bool(select.select([fired.pidfd], [], [], 0)[0])
+            if not exited:
+                try:
+                    signal.pidfd_send_signal(fired.pidfd, signal.SIGKILL)
+                    fired.firing["killed"] = True
+                    self._counts["killed"] += 1
+                    log.warning(
+                        "%s: owner %s still ran %g s after SIGTERM: SIGKILL sent",
+                        self.what(armed.entry),
+                        armed.entry.owner,
+                        armed.entry.detail[1],
+                    )
+                except ProcessLookupError:
+                    pass
+            os.close(fired.pidfd)
+        self._armed.pop(armed.entry.key, None)
+
+    def _tell(self, entry: Entry, why: str, detail: str) -> None:
+        """The firing, to the agent's record: one log line and one audit line."""
+        timeout, grace, _ = entry.detail
+        extra = {"watchdog": {"id": entry.key, "uid": entry.uid, "timeout": timeout}}
+        extra["watchdog"]["grace"] = grace
+        outcome = Outcome.done(f"owner pid {entry.owner.pid}", KIND, detail, extra=extra)
+        if self._notify is not None:
+            self._notify(Acted(entry.owner, why, outcome))
+
+    # -- removal: the owner is dead ----------------------------------------------------------
+
+    def remove(
+        self, owner: Owner, resources: list[Resource], dry_run: bool, how: str
+    ) -> list[Outcome]:
+        """Delete the dead owner's watchdogs."""
+        return self.delete(resources, dry_run, "removed")
+
+    def health(self) -> WatchdogsHealth:
+        with self._cond:
+            return {
+                "armed": sum(a.fired is None for a in self._armed.values()),
+                "fired": self._counts["fired"],
+                "killed": self._counts["killed"],
+                "refused": self._counts["refused"],
+                "unreadable": self._counts["unreadable"],
+                "last_unreadable": self._last_unreadable,
+                "recent": list(self._recent),
+            }

@@ -47,11 +47,11 @@ def agent_argv(
     leftovers: bool = False,
 ) -> list[str]:
     """The command line of an agent following `source`, with a short poll interval, and
-    its status socket, audit log and spools (hooks, leases, watchdogs) in a fresh directory of its own (never the
-    system's). Without `leftovers`, the process kind is off, unless `extra` names a config
-    file (which then says, with NO_LEFTOVERS). A `docker_host` of None gives no
-    --docker-host: the agent follows the engines it finds (and DOCKER_HOST's, or the
-    default socket's)."""
+    its status socket, audit log and spools (hooks, leases, watchdogs) in a fresh
+    directory of its own (never the system's). Without `leftovers`, the process kind is
+    off, unless `extra` names a config file (which then says, with NO_LEFTOVERS). A
+    `docker_host` of None gives no --docker-host: the agent follows the engines it finds
+    (and DOCKER_HOST's, or the default socket's)."""
     state = tempfile.mkdtemp(prefix="exitwatch-agent-")  # short: a socket path
     atexit.register(shutil.rmtree, state, True)
     if not leftovers and "--config" not in extra:

@@ -15,7 +15,7 @@ from datetime import datetime
 import click
 
 from exitwatch import __version__, procfs, shutdown
-from exitwatch.run.cli import labels, mark, on_death_cmd, run
+from exitwatch.run.cli import labels, mark, on_death_cmd, run, watchdog_cmd, while_alive_cmd
 from exitwatch.service import flags as opts
 from exitwatch.service import logs
 from exitwatch.service.config import DEFAULT_PATH, Adopt, Config, ConfigError, load
@@ -340,7 +340,7 @@ def _since(text: str) -> float:
         ) from None
 
 
-for command in (labels, mark, on_death_cmd, run):
+for command in (labels, mark, on_death_cmd, while_alive_cmd, watchdog_cmd, run):
     cli.add_command(command)
 
 

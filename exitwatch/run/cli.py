@@ -1,5 +1,5 @@
-"""The command line of the runner's side: labels, mark, on-death and run. Each works
-without root and without an agent."""
+"""The command line of the runner's side: labels, mark, on-death, while-alive, watchdog and
+run. Each works without root; on-death, while-alive and watchdog need an agent to act."""
 
 from __future__ import annotations
 
@@ -11,18 +11,35 @@ import sys
 
 import click
 
+from exitwatch.alive import (
+    ENV_LEASE_DIR,
+    ENV_WATCHDOG_DIR,
+    LEASE_DIR,
+    LEASE_MAX_EVERY,
+    LEASE_MIN_EVERY,
+    WATCHDOG_DIR,
+    WATCHDOG_GRACE,
+    WATCHDOG_MAX_GRACE,
+    WATCHDOG_MAX_TIMEOUT,
+    WATCHDOG_MIN_TIMEOUT,
+    cancel_lease,
+    find_watchdog,
+    watchdog,
+    while_alive,
+)
 from exitwatch.contract import (
     ENV_HOOK_DIR,
     ENV_OWNER,
+    HOOK_DIR,
     HOOK_MAX_TIMEOUT,
     cancel_hook,
-    hook_dir,
     mark_workdir,
     on_death,
     owner_labels,
 )
 from exitwatch.owner import OwnerError
 
+_DEFAULTS = {ENV_HOOK_DIR: HOOK_DIR, ENV_LEASE_DIR: LEASE_DIR, ENV_WATCHDOG_DIR: WATCHDOG_DIR}
 _pid = click.option(
     "--pid",
     type=click.IntRange(1),
@@ -117,6 +134,18 @@ def on_death_cmd(
         return
     if not command:
         raise click.UsageError("give the command to run after --, or --cancel ID")
+    pairs = _env_pairs(env)
+    pid = _owning_pid(pid)
+    try:
+        click.echo(on_death(command, pid=pid, timeout=timeout, env=pairs))
+    except ProcessLookupError:
+        raise click.ClickException(_no_process(pid)) from None
+    except (ValueError, OwnerError, OSError) as err:
+        raise click.ClickException(_why(err)) from None
+
+
+def _env_pairs(env: tuple[str, ...]) -> dict[str, str]:
+    """--env's NAME=VALUE and NAME (its value from this environment) as a dict."""
     pairs = {}
     for item in env:
         name, sep, value = item.partition("=")
@@ -128,36 +157,145 @@ def on_death_cmd(
                 )
             value = os.environ[name]
         pairs[name] = value
+    return pairs
+
+
+@click.command("while-alive")
+@_pid
+@click.option(
+    "--every",
+    type=click.FloatRange(LEASE_MIN_EVERY, LEASE_MAX_EVERY),
+    metavar="S",
+    help="Run COMMAND every S seconds (it first runs when the agent sees it).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, HOOK_MAX_TIMEOUT, min_open=True),
+    metavar="S",
+    help="Kill a run (and its process group) after S seconds [default: --every].",
+)
+@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]", help="As for on-death.")
+@click.option("--cancel", metavar="ID", help="Cancel the lease ID instead.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def while_alive_cmd(
+    pid: int | None,
+    every: float | None,
+    timeout: float | None,
+    env: tuple[str, ...],
+    cancel: str | None,
+    command: tuple,
+) -> None:
+    """Run COMMAND as you every S seconds for as long as a process lives (a lease: keep a
+    remote sandbox alive); print the lease's id. Spool: $EXITWATCH_LEASE_DIR, or
+    /var/spool/exitwatch/leases.
+
+    \b
+      exitwatch while-alive --every 60 -- curl -fsS -X POST https://api.example/sandboxes/42/keepalive
+      exitwatch while-alive --cancel ID
+    """
+    if cancel is not None:
+        if command or env or pid is not None or every is not None:
+            raise click.UsageError("--cancel takes no command, --every, --env or --pid")
+        try:
+            if not cancel_lease(cancel):
+                raise click.ClickException(
+                    f"no lease {cancel}: it was cancelled, or its owner died"
+                )
+        except (ValueError, OSError) as err:
+            raise click.ClickException(_why(err, ENV_LEASE_DIR)) from None
+        return
+    if not command or every is None:
+        raise click.UsageError("give --every S and the command to run after --, or --cancel ID")
+    pairs = _env_pairs(env)
     pid = _owning_pid(pid)
     try:
-        click.echo(on_death(command, pid=pid, timeout=timeout, env=pairs))
+        click.echo(while_alive(command, every=every, pid=pid, timeout=timeout, env=pairs))
     except ProcessLookupError:
         raise click.ClickException(_no_process(pid)) from None
     except (ValueError, OwnerError, OSError) as err:
-        raise click.ClickException(_why(err)) from None
+        raise click.ClickException(_why(err, ENV_LEASE_DIR)) from None
 
 
-def _why(err: Exception) -> str:
-    """One line for an error of the hook spool or of a hook, with what to do."""
+@click.command("watchdog")
+@_pid
+@click.option(
+    "--timeout",
+    type=click.FloatRange(WATCHDOG_MIN_TIMEOUT, WATCHDOG_MAX_TIMEOUT),
+    metavar="S",
+    help="Arm it: end the process once S seconds pass without a pet.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, WATCHDOG_MAX_GRACE),
+    default=WATCHDOG_GRACE,
+    show_default=True,
+    metavar="S",
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@click.option("--pet", is_flag=True, help="Pet the process's watchdog: it makes progress.")
+@click.option("--cancel", is_flag=True, help="Disarm the process's watchdog.")
+def watchdog_cmd(
+    pid: int | None, timeout: float | None, grace: float, pet: bool, cancel: bool
+) -> None:
+    """Arm, pet or cancel a watchdog on a process (default: the calling shell): once its
+    timeout passes without a pet, the agent ends the process (SIGTERM, then SIGKILL after
+    the grace), and reaps what it held. Spool: $EXITWATCH_WATCHDOG_DIR, or
+    /var/spool/exitwatch/watchdogs.
+
+    \b
+      exitwatch watchdog --timeout 600     # arm (again: a new timeout, and a pet)
+      exitwatch watchdog --pet             # progress
+      exitwatch watchdog --cancel          # done
+    """
+    if sum((timeout is not None, pet, cancel)) != 1:
+        raise click.UsageError("give one of --timeout S (arm), --pet or --cancel")
+    pid = _owning_pid(pid)
+    try:
+        if timeout is not None:
+            click.echo(watchdog(timeout, pid=pid, grace=grace).id)
+            return
+        armed = find_watchdog(pid)
+        if not (armed.pet() if pet else armed.cancel()):
+            raise click.ClickException(
+                f"no watchdog of yours on process {pid}: arm one with --timeout S (it is gone "
+                "once cancelled, or once its process died)"
+            )
+    except ProcessLookupError:
+        raise click.ClickException(_no_process(pid)) from None
+    except (ValueError, OwnerError, OSError) as err:
+        raise click.ClickException(_why(err, ENV_WATCHDOG_DIR)) from None
+
+
+_SPOOLS = {  # the environment variable naming a spool: its noun, and its table
+    ENV_HOOK_DIR: ("hook", "hooks"),
+    ENV_LEASE_DIR: ("lease", "leases"),
+    ENV_WATCHDOG_DIR: ("watchdog", "watchdogs"),
+}
+
+
+def _why(err: Exception, env: str = ENV_HOOK_DIR) -> str:
+    """One line for an error of the spool named by `env` or of one of its entries, with
+    what to do."""
     if not (isinstance(err, OSError) and err.strerror):
         return str(err)
+    noun, table = _SPOOLS[env]
     spool = err.filename or ""
-    if isinstance(err, FileNotFoundError) and spool == hook_dir():
+    if isinstance(err, FileNotFoundError) and spool == (os.environ.get(env) or _DEFAULTS[env]):
         return (
-            f"no exitwatch agent on this host? (its hook spool {spool} is missing): install "
-            f"and start exitwatch, or set {ENV_HOOK_DIR} to the agent's [hooks] dir"
+            f"no exitwatch agent on this host? (its {noun} spool {spool} is missing): install "
+            f"and start exitwatch, or set {env} to the agent's [{table}] dir"
         )
     if err.errno == errno.EPERM:  # open_spool's: a spool that others could tamper with
         return (
-            f"hook spool {spool}: {err.strerror}: it must be a directory of root's, mode "
-            f"1733, as the agent makes it (or set {ENV_HOOK_DIR} to the agent's [hooks] dir)"
+            f"{noun} spool {spool}: {err.strerror}: it must be a directory of root's, mode "
+            f"1733, as the agent makes it (or set {env} to the agent's [{table}] dir)"
         )
     if isinstance(err, PermissionError):
         return (
-            f"hook spool {spool}: {err.strerror}: anyone may add a hook only to a spool of "
-            "mode 1733, as the agent makes it: ask root to fix its mode"
+            f"{noun} spool {spool}: {err.strerror}: anyone may add a {noun} only to a spool "
+            "of mode 1733, as the agent makes it: ask root to fix its mode"
         )
-    return f"hook spool {spool}: {err.strerror}"
+    return f"{noun} spool {spool}: {err.strerror}"
 
 
 def _no_process(pid: int) -> str:
@@ -196,8 +334,26 @@ class _OneLineUsage(click.Command):
     help="Seconds between SIGTERM and SIGKILL for what CMD leaves running.",
 )
 @click.option("--no-tmpdir", is_flag=True, help="Leave TMPDIR as it is.")
+@click.option(
+    "--max-time",
+    type=click.FloatRange(WATCHDOG_MIN_TIMEOUT, WATCHDOG_MAX_TIMEOUT),
+    metavar="S",
+    help="Have the agent end the run (SIGTERM, SIGKILL after --grace) after S seconds.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(WATCHDOG_MIN_TIMEOUT, WATCHDOG_MAX_TIMEOUT),
+    metavar="S",
+    help="... or once CMD wrote nothing to stdout or stderr for S seconds (they become pipes).",
+)
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
-def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
+def run(
+    grace: float,
+    no_tmpdir: bool,
+    max_time: float | None,
+    idle_timeout: float | None,
+    argv: tuple[str, ...],
+) -> None:
     """Run CMD as one owner, and remove what it leaves when it ends, however it ends.
 
     CMD's Docker clients (and podman's, when CONTAINER_HOST is set) are pointed at a socket
@@ -210,7 +366,8 @@ def run(grace: float, no_tmpdir: bool, argv: tuple[str, ...]) -> None:
     # What the removal code warns of, the wrapper says itself: once, as a line of its own.
     logging.getLogger("exitwatch.kinds").setLevel(logging.ERROR)
     try:
-        code = supervise(argv, Settings(grace=grace, tmpdir=not no_tmpdir))
+        settings = Settings(grace, not no_tmpdir, max_time, idle_timeout)
+        code = supervise(argv, settings)
     except RunError as err:
         click.echo(f"exitwatch run: {err}", err=True)
         code = SETUP_FAILED

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from exitwatch import procfs
+from exitwatch import alive, procfs
 from exitwatch.contract import ENV_OWNER, ENV_RUN
 from exitwatch.engine import url
 from exitwatch.kinds.base import Outcome
@@ -32,6 +32,7 @@ from exitwatch.proxy import limits
 from exitwatch.proxy.policy import Always
 from exitwatch.proxy.server import Proxy, ProxyError, listen
 from exitwatch.run import dirs
+from exitwatch.run.timeouts import Timeouts, relay
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -59,6 +60,8 @@ class RunError(Exception):
 class Settings:
     grace: float = 5.0  # seconds between SIGTERM and SIGKILL for leftover descendants
     tmpdir: bool = True  # give CMD a fresh, marked TMPDIR
+    max_time: float | None = None  # the agent's watchdog ends the run after this long
+    idle_timeout: float | None = None  # ... or once CMD wrote nothing for this long
 
 
 def _prctl(option: int, arg: int) -> None:
@@ -167,17 +170,48 @@ def _supervise(
             os.kill(os.getpid(), signal.SIGKILL)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
+    timeouts = _timeouts(settings)
+    pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(2)] if settings.idle_timeout else []
     try:
         # Forked before the proxy's threads exist: the child runs Python code until exec.
-        proc = subprocess.Popen(list(argv), env=dict(env), preexec_fn=child)
+        outputs = {"stdout": pipes[0][1], "stderr": pipes[1][1]} if pipes else {}
+        proc = subprocess.Popen(list(argv), env=dict(env), preexec_fn=child, **outputs)
     except OSError as err:
         _say(f"{argv[0]}: {err.strerror}")
+        if timeouts is not None:
+            timeouts.cancel()
         return 127 if isinstance(err, FileNotFoundError) else 126
+    finally:
+        for _, write_end in pipes:
+            os.close(write_end)
+    relays = []
+    if pipes and timeouts is not None:
+        relays = [relay(pipes[0][0], 1, timeouts), relay(pipes[1][0], 2, timeouts)]
     for proxy in proxies:
         proxy.start()
     status = _wait(proc)
+    if timeouts is not None:
+        timeouts.cancel()
     _end_descendants(settings.grace)
+    for thread in relays:  # what CMD and its own wrote last; a writer that escaped is left
+        thread.join(1.0)
     return status
+
+
+def _timeouts(settings: Settings) -> Timeouts | None:
+    """The run's watchdog, armed with the agent, for --max-time and --idle-timeout; None
+    without them. Raises RunError when it cannot be armed (no agent's spool)."""
+    if settings.max_time is None and settings.idle_timeout is None:
+        return None
+    try:
+        return Timeouts(settings.max_time, settings.idle_timeout, settings.grace)
+    except (OSError, ValueError) as err:
+        why = getattr(err, "strerror", None) or err
+        raise RunError(
+            f"--max-time and --idle-timeout need the exitwatch agent's watchdog, which "
+            f"cannot be armed: {why} (is the agent running? its spool: "
+            f"{alive.watchdog_dir()})"
+        ) from None
 
 
 def _wait(proc: subprocess.Popen) -> int:

@@ -26,7 +26,6 @@ from exitwatch.contract import (
     hook_problem,
     is_hook_id,
     open_spool,
-    write_new,
 )
 from exitwatch.owner import Owner, owner_of
 
@@ -251,8 +250,10 @@ def watchdog(
         raise ValueError(f"bad watchdog: {problem}")
     data = _bounded(body, "watchdog")
     spool, wid = watchdog_dir(), watchdog_id(owner, uid)
-    if not _replace(spool, wid, data):
-        add_entry(spool, wid, WATCHDOG_FILE, data)
+    # Armed again: the old entry goes and a new one comes, both seen in the spool (a file
+    # replaced inside the entry's directory would raise no event there).
+    cancel_entry(spool, wid, WATCHDOG_FILE, "watchdog")
+    add_entry(spool, wid, WATCHDOG_FILE, data)
     return Watchdog(owner, wid, spool)
 
 
@@ -262,28 +263,3 @@ def find_watchdog(pid: int | None = None) -> Watchdog:
     owner = owner_of(pid)
     spool = watchdog_dir()
     return Watchdog(owner, watchdog_id(owner), spool)
-
-
-def _replace(spool_path: str, wid: str, data: bytes) -> bool:
-    """Rewrite the file of watchdog `wid` if it is there and the caller's: False if not.
-    The new file is renamed over the old one, so the agent reads one or the other."""
-    spool = open_spool(spool_path)
-    try:
-        try:
-            dir_fd = os.open(wid, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=spool)
-        except FileNotFoundError:
-            return False
-        try:
-            if os.fstat(dir_fd).st_uid != os.geteuid():
-                raise PermissionError(
-                    f"watchdog {wid} in {spool_path} belongs to uid {os.fstat(dir_fd).st_uid}, "
-                    "not to you"
-                )
-            tmp = f".{WATCHDOG_FILE}.{secrets.token_hex(4)}"
-            write_new(dir_fd, tmp, data)
-            os.rename(tmp, WATCHDOG_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
-    finally:
-        os.close(spool)
-    return True

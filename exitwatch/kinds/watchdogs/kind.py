@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 KIND = "watchdog"
 AGAIN = 1.0  # seconds before a look that could not be made is made again
+# A file's times are the kernel's coarse clock, up to a tick (4 ms at 250 Hz) behind the
+# pet: a watchdog fires this much after its timeout, never before.
+COARSE = 0.02
 RECENT = 20  # the last firings status shows
 
 FORMAT = Format(
@@ -206,7 +209,7 @@ class Watchdogs(SpoolKind):
             armed.pet = min(now, max(armed.looked, now - ago))
             armed.stamp = stamp
         armed.looked = now
-        due = armed.pet + armed.entry.detail[0]
+        due = armed.pet + armed.entry.detail[0] + COARSE
         if due > now:
             self._later(armed, due)
             return

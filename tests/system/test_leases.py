@@ -1,0 +1,237 @@
+"""Leases end to end: a real agent runs them on schedule as their user while their owner
+lives, never after it died; and the remote-sandbox pattern of docs/hooks.md against a
+stand-in provider on 127.0.0.1 whose sandboxes expire on their own timer: the lease keeps
+one alive, SIGKILL deletes it within a second, and it expires once the lease stops with the
+agent."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from exitwatch.owner import owner_of
+
+from support.alive import Runner, engineless_agent, make_spools
+from support.procs import wait_for
+from support.users import attacker_user
+
+DEADLINE = 30.0
+
+
+@pytest.fixture
+def spools(monkeypatch):
+    for made in make_spools():
+        for name, value in made.env.items():
+            monkeypatch.setenv(name, value)
+        yield made
+
+
+@pytest.fixture
+def agent(spools, tmp_path):
+    started = engineless_agent(spools, tmp_path)
+    yield started
+    started.stop()
+
+
+class Provider:
+    """A stand-in for a sandbox provider: each sandbox expires `ttl` seconds after it was
+    made or last kept alive (POST /sandboxes/NAME/keepalive); DELETE /sandboxes/NAME
+    deletes it. A sandbox expired or deleted answers 404 to both."""
+
+    def __init__(self) -> None:
+        self.expires: dict[str, float] = {}  # name -> monotonic time it expires
+        self.deleted: dict[str, float] = {}
+        self.keepalives: dict[str, list[float]] = {}
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, code: int) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                name = self.path.split("/")[2]
+                with outer.lock:
+                    outer.keepalives.setdefault(name, []).append(time.monotonic())
+                    if not outer.alive(name):
+                        return self._answer(404)
+                    outer.expires[name] = time.monotonic() + outer.ttl[name]
+                self._answer(200)
+
+            def do_DELETE(self) -> None:
+                name = self.path.split("/")[2]
+                with outer.lock:
+                    if not outer.alive(name):
+                        return self._answer(404)
+                    outer.deleted[name] = time.monotonic()
+                self._answer(204)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.ttl: dict[str, float] = {}
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/sandboxes"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def create(self, name: str, ttl: float) -> None:
+        with self.lock:
+            self.ttl[name] = ttl
+            self.expires[name] = time.monotonic() + ttl
+
+    def alive(self, name: str) -> bool:
+        return name not in self.deleted and time.monotonic() < self.expires.get(name, 0.0)
+
+    def kept(self, name: str) -> list[float]:
+        with self.lock:
+            return list(self.keepalives.get(name, []))
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def provider() -> Iterator[Provider]:
+    service = Provider()
+    yield service
+    service.close()
+
+
+# The recipe of docs/hooks.md ("Remote sandboxes"), for a plain HTTP API: the lease extends
+# the provider's timer, the hook deletes, and a sandbox gone already (404) counts as deleted.
+RECIPE = """
+from exitwatch import on_death
+url = {url!r} + "/" + {name!r}
+keep = ["curl", "-fsS", "-X", "POST", url + "/keepalive"]
+lease = alive.while_alive(keep, every=1, timeout=5)
+DELETE = '''
+code=$(curl -sS -o /dev/null -w '%{{http_code}}' -X DELETE "$0") || exit 1
+[ "$code" = 200 ] || [ "$code" = 204 ] || [ "$code" = 404 ]
+'''
+hook = on_death(["sh", "-c", DELETE, url], timeout=10)
+ready()
+time.sleep(3600)
+"""
+
+
+def test_a_sandbox_lives_by_its_lease_and_goes_within_a_second_of_sigkill(
+    agent, spools, provider, tmp_path
+):
+    provider.create("sbx", ttl=2.5)
+    runner = Runner(RECIPE.format(url=provider.url, name="sbx"), spools, tmp_path)
+    try:
+        wait_for(lambda: runner.said("ready"), DEADLINE, "the runner's lease and hook")
+        # Past its timer more than once over: alive only by its lease.
+        wait_for(lambda: len(provider.kept("sbx")) >= 5, DEADLINE, "five keepalives")
+        assert provider.alive("sbx")
+        killed = time.monotonic()
+        runner.kill()
+        wait_for(lambda: "sbx" in provider.deleted, DEADLINE, "the DELETE")
+        assert provider.deleted["sbx"] - killed <= 1.0
+        # No keepalive was made once the runner was dead (one under way was killed).
+        assert all(t <= killed + 0.05 for t in provider.kept("sbx")), provider.kept("sbx")
+        wait_for(lambda: not os.listdir(spools.leases), DEADLINE, "the lease removed")
+        health = agent.status()["leases"]
+        assert health["runs"] >= 5 and health["failures"] == 0
+    finally:
+        runner.kill()
+
+
+def test_a_sandbox_expires_on_its_own_timer_once_the_lease_stops_with_the_agent(
+    agent, spools, provider, tmp_path
+):
+    provider.create("sbx2", ttl=2.5)
+    runner = Runner(RECIPE.format(url=provider.url, name="sbx2"), spools, tmp_path)
+    try:
+        wait_for(lambda: len(provider.kept("sbx2")) >= 3, DEADLINE, "three keepalives")
+        agent.stop()  # the host's agent is gone (or the host): nobody keeps it alive now
+        stopped = time.monotonic()
+        wait_for(lambda: not provider.alive("sbx2"), 2.5 + 1.5, "the sandbox to expire")
+        assert "sbx2" not in provider.deleted  # expired, not deleted
+        assert all(t <= stopped for t in provider.kept("sbx2"))
+        # The runner dies while no agent runs; the next agent runs its hook, which finds
+        # the sandbox gone (404): done, and the hook goes.
+        runner.kill()
+        again = engineless_agent(spools, tmp_path)
+        try:
+            wait_for(lambda: not os.listdir(spools.hooks), DEADLINE, "the hook done")
+            audit = Path(again.flag("--audit-log")).read_text().splitlines()
+            [ran] = [json.loads(a) for a in audit if json.loads(a)["kind"] == "hook"]
+            assert ran["ok"] and ran["extra"]["hook"]["returncode"] == 0
+        finally:
+            again.stop()
+    finally:
+        runner.kill()
+
+
+# Each run writes its uid, its owner and when it ran (the monotonic clock) to a file.
+SCHEDULE = """
+now = 'import time; print(time.monotonic())'
+run = 'echo "$(id -u) $EXITWATCH_LEASE_OWNER $(python3 -c "$1")" >> "$0"'
+lease = alive.while_alive(["sh", "-c", run, {path!r}, now], every=1)
+ready()
+time.sleep(3600)
+"""
+
+
+def test_a_lease_runs_on_schedule_as_its_user_and_never_after_its_owner_died(
+    agent, spools, tmp_path
+):
+    user = attacker_user()
+    where = spools.top  # a directory the user can reach
+    runs, witness = where / "runs", where / "witness"
+    for path in (runs, witness):
+        path.touch()
+        os.chmod(path, 0o666)
+    runner = Runner(SCHEDULE.format(path=str(runs)), spools, where, user=user)
+    clock = Runner(SCHEDULE.format(path=str(witness)), spools, where)  # root's, lives on
+    try:
+        wait_for(lambda: runner.said("ready") and clock.said("ready"), DEADLINE, "the leases")
+        owner = str(owner_of(runner.pid))
+        wait_for(lambda: len(runs.read_text().splitlines()) >= 4, DEADLINE, "four runs")
+        killed = time.monotonic()
+        runner.kill()
+        # The witness's lease runs every second: three more of its runs are time enough for
+        # a run of the dead owner's lease to have shown.
+        seen = len(witness.read_text().splitlines())
+        wait_for(lambda: len(witness.read_text().splitlines()) >= seen + 3, DEADLINE, "3 more")
+        lines = [line.split() for line in runs.read_text().splitlines()]
+        assert {(uid, who) for uid, who, _ in lines} == {(str(user.pw_uid), owner)}
+        times = [float(t) for _, _, t in lines]
+        assert all(t <= killed + 0.05 for t in times), (times, killed)
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert all(0.8 <= gap <= 1.6 for gap in gaps), gaps
+        wait_for(lambda: len(os.listdir(spools.leases)) == 1, DEADLINE, "only the witness's left")
+    finally:
+        runner.kill()
+        clock.kill()
+
+
+def test_a_failing_lease_is_counted_shown_and_said_once(agent, spools, tmp_path):
+    runner = Runner(
+        'alive.while_alive(["sh", "-c", "echo nope; exit 3"], every=1)\nready()\ntime.sleep(3600)',
+        spools,
+        tmp_path,
+    )
+    try:
+        wait_for(lambda: agent.status()["leases"]["failures"] >= 3, DEADLINE, "three failures")
+        health = agent.status()["leases"]
+        assert health["failing"] == 1 and "exited with code 3" in health["last_failure"]
+        assert agent.text().count("failed: exited with code 3") == 1  # once per streak
+        assert "'nope\\n'" in agent.text()
+        runner.proc.send_signal(signal.SIGKILL)
+        wait_for(lambda: agent.status()["leases"]["leases"] == 0, DEADLINE, "the lease gone")
+    finally:
+        runner.kill()

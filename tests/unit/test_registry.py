@@ -21,7 +21,9 @@ def _file(tmp_path: Path, body: str) -> str:
 
 
 def test_every_kind_is_registered_once_with_a_table_whose_first_setting_is_enabled() -> None:
-    assert [reg.kind for reg in registry.KINDS] == ["container", "workdir", "hook", "process"]
+    assert [reg.kind for reg in registry.KINDS] == [
+        *("container", "workdir", "hook", "lease", "watchdog", "process")
+    ]
     assert len({reg.table for reg in registry.KINDS}) == len(registry.KINDS)
     for reg in registry.KINDS:
         first = fields(reg.settings)[0]
@@ -36,12 +38,14 @@ def test_tables_set_each_kind_and_enabled_false_turns_it_off(tmp_path: Path) -> 
         _file(
             tmp_path,
             '[workdirs]\nroots = ["/srv/a"]\ndepth = 5\n'
-            "[processes]\nenabled = false\n[hooks]\nenabled = false\n",
+            "[processes]\nenabled = false\n[hooks]\nenabled = false\n"
+            '[leases]\nenabled = false\n[watchdogs]\ndir = "/srv/dogs"\n',
         )
     )
     assert config.kind("workdirs").roots == ("/srv/a",) and config.kind("workdirs").depth == 5
     kinds = make_kinds(config)
-    assert list(kinds) == ["container", "workdir"]
+    assert list(kinds) == ["container", "workdir", "watchdog"]
+    assert kinds["watchdog"].path == "/srv/dogs"
 
 
 def test_the_old_flat_keys_still_work_and_each_use_is_noted(tmp_path: Path) -> None:

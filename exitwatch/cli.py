@@ -92,12 +92,7 @@ def cli() -> None:
     help="Seconds between full listings that retry what was missed, refused or given up; "
     f"0: only at start [default: {Config.reconcile_interval:g}].",
 )
-@opts.roots
-@opts.depth
-@opts.docker_host
-@opts.engines
-@opts.find_engines
-@opts.spools
+@opts.resources
 @opts.status_socket
 @opts.audit_log
 @opts.option("--metrics-addr", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
@@ -153,12 +148,7 @@ def agent(config_path: str | None, **flags: object) -> None:
 @cli.command()
 @opts.config_path
 @opts.dry_run
-@opts.roots
-@opts.depth
-@opts.docker_host
-@opts.engines
-@opts.find_engines
-@opts.spools
+@opts.resources
 @opts.audit_log
 def reap(config_path: str | None, **flags: object) -> None:
     """Reap once what dead owners hold now, then exit (no agent needed)."""

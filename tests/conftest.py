@@ -32,6 +32,8 @@ from exitwatch.kinds.spool.entry import ensure_spool
 from exitwatch.owner import Owner, owner_of
 
 from support import scratch
+from support.agentproc import Agent
+from support.alive import Spools, engineless_agent, make_spools
 from support.engine import (
     ENGINE_SH,
     IMAGE,
@@ -284,6 +286,24 @@ def spool(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(top)
+
+
+@pytest.fixture
+def alive_spools(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spools]:
+    """The hook, lease and watchdog spools as the agent makes them, named to the runner's
+    side by the environment."""
+    for made in make_spools():
+        for name, value in made.env.items():
+            monkeypatch.setenv(name, value)
+        yield made
+
+
+@pytest.fixture
+def alive_agent(alive_spools: Spools, tmp_path: Path) -> Iterator[Agent]:
+    """A real agent (no engine) following the three spools; stopped after."""
+    started = engineless_agent(alive_spools, tmp_path)
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="module")

@@ -72,3 +72,11 @@ watchdog_dir = option(
 def spools(command: Callable) -> Callable:
     """The spools' options: hooks, leases, watchdogs."""
     return hook_dir(lease_dir(watchdog_dir(command)))
+
+
+def resources(command: Callable) -> Callable:
+    """Where the resources are, for `agent` and `reap` alike: workdir roots and depth, the
+    engines, the spools."""
+    for decorate in (spools, find_engines, engines, docker_host, depth, roots):
+        command = decorate(command)
+    return command

@@ -20,26 +20,11 @@ import pytest
 
 from exitwatch.owner import owner_of
 
-from support.alive import Runner, engineless_agent, make_spools
+from support.alive import Runner, engineless_agent
 from support.procs import wait_for
 from support.users import attacker_user
 
 DEADLINE = 30.0
-
-
-@pytest.fixture
-def spools(monkeypatch):
-    for made in make_spools():
-        for name, value in made.env.items():
-            monkeypatch.setenv(name, value)
-        yield made
-
-
-@pytest.fixture
-def agent(spools, tmp_path):
-    started = engineless_agent(spools, tmp_path)
-    yield started
-    started.stop()
 
 
 class Provider:
@@ -127,10 +112,10 @@ time.sleep(3600)
 
 
 def test_a_sandbox_lives_by_its_lease_and_goes_within_a_second_of_sigkill(
-    agent, spools, provider, tmp_path
+    alive_agent, alive_spools, provider, tmp_path
 ):
     provider.create("sbx", ttl=2.5)
-    runner = Runner(RECIPE.format(url=provider.url, name="sbx"), spools, tmp_path)
+    runner = Runner(RECIPE.format(url=provider.url, name="sbx"), alive_spools, tmp_path)
     try:
         wait_for(lambda: runner.said("ready"), DEADLINE, "the runner's lease and hook")
         # Past its timer more than once over: alive only by its lease.
@@ -142,21 +127,21 @@ def test_a_sandbox_lives_by_its_lease_and_goes_within_a_second_of_sigkill(
         assert provider.deleted["sbx"] - killed <= 1.0
         # No keepalive was made once the runner was dead (one under way was killed).
         assert all(t <= killed + 0.05 for t in provider.kept("sbx")), provider.kept("sbx")
-        wait_for(lambda: not os.listdir(spools.leases), DEADLINE, "the lease removed")
-        health = agent.status()["leases"]
+        wait_for(lambda: not os.listdir(alive_spools.leases), DEADLINE, "the lease removed")
+        health = alive_agent.status()["leases"]
         assert health["runs"] >= 5 and health["failures"] == 0
     finally:
         runner.kill()
 
 
 def test_a_sandbox_expires_on_its_own_timer_once_the_lease_stops_with_the_agent(
-    agent, spools, provider, tmp_path
+    alive_agent, alive_spools, provider, tmp_path
 ):
     provider.create("sbx2", ttl=2.5)
-    runner = Runner(RECIPE.format(url=provider.url, name="sbx2"), spools, tmp_path)
+    runner = Runner(RECIPE.format(url=provider.url, name="sbx2"), alive_spools, tmp_path)
     try:
         wait_for(lambda: len(provider.kept("sbx2")) >= 3, DEADLINE, "three keepalives")
-        agent.stop()  # the host's agent is gone (or the host): nobody keeps it alive now
+        alive_agent.stop()  # the host's agent is gone (or the host): nobody keeps it alive now
         stopped = time.monotonic()
         wait_for(lambda: not provider.alive("sbx2"), 2.5 + 1.5, "the sandbox to expire")
         assert "sbx2" not in provider.deleted  # expired, not deleted
@@ -164,9 +149,9 @@ def test_a_sandbox_expires_on_its_own_timer_once_the_lease_stops_with_the_agent(
         # The runner dies while no agent runs; the next agent runs its hook, which finds
         # the sandbox gone (404): done, and the hook goes.
         runner.kill()
-        again = engineless_agent(spools, tmp_path)
+        again = engineless_agent(alive_spools, tmp_path)
         try:
-            wait_for(lambda: not os.listdir(spools.hooks), DEADLINE, "the hook done")
+            wait_for(lambda: not os.listdir(alive_spools.hooks), DEADLINE, "the hook done")
             audit = Path(again.flag("--audit-log")).read_text().splitlines()
             [ran] = [json.loads(a) for a in audit if json.loads(a)["kind"] == "hook"]
             assert ran["ok"] and ran["extra"]["hook"]["returncode"] == 0
@@ -187,16 +172,16 @@ time.sleep(3600)
 
 
 def test_a_lease_runs_on_schedule_as_its_user_and_never_after_its_owner_died(
-    agent, spools, tmp_path
+    alive_agent, alive_spools, tmp_path
 ):
     user = attacker_user()
-    where = spools.top  # a directory the user can reach
+    where = alive_spools.top  # a directory the user can reach
     runs, witness = where / "runs", where / "witness"
     for path in (runs, witness):
         path.touch()
         os.chmod(path, 0o666)
-    runner = Runner(SCHEDULE.format(path=str(runs)), spools, where, user=user)
-    clock = Runner(SCHEDULE.format(path=str(witness)), spools, where)  # root's, lives on
+    runner = Runner(SCHEDULE.format(path=str(runs)), alive_spools, where, user=user)
+    clock = Runner(SCHEDULE.format(path=str(witness)), alive_spools, where)  # root's, lives on
     try:
         wait_for(lambda: runner.said("ready") and clock.said("ready"), DEADLINE, "the leases")
         owner = str(owner_of(runner.pid))
@@ -213,25 +198,29 @@ def test_a_lease_runs_on_schedule_as_its_user_and_never_after_its_owner_died(
         assert all(t <= killed + 0.05 for t in times), (times, killed)
         gaps = [b - a for a, b in itertools.pairwise(times)]
         assert all(0.8 <= gap <= 1.6 for gap in gaps), gaps
-        wait_for(lambda: len(os.listdir(spools.leases)) == 1, DEADLINE, "only the witness's left")
+        wait_for(
+            lambda: len(os.listdir(alive_spools.leases)) == 1, DEADLINE, "only the witness's left"
+        )
     finally:
         runner.kill()
         clock.kill()
 
 
-def test_a_failing_lease_is_counted_shown_and_said_once(agent, spools, tmp_path):
+def test_a_failing_lease_is_counted_shown_and_said_once(alive_agent, alive_spools, tmp_path):
     runner = Runner(
         'alive.while_alive(["sh", "-c", "echo nope; exit 3"], every=1)\nready()\ntime.sleep(3600)',
-        spools,
+        alive_spools,
         tmp_path,
     )
     try:
-        wait_for(lambda: agent.status()["leases"]["failures"] >= 3, DEADLINE, "three failures")
-        health = agent.status()["leases"]
+        wait_for(
+            lambda: alive_agent.status()["leases"]["failures"] >= 3, DEADLINE, "three failures"
+        )
+        health = alive_agent.status()["leases"]
         assert health["failing"] == 1 and "exited with code 3" in health["last_failure"]
-        assert agent.text().count("failed: exited with code 3") == 1  # once per streak
-        assert "'nope\\n'" in agent.text()
+        assert alive_agent.text().count("failed: exited with code 3") == 1  # once per streak
+        assert "'nope\\n'" in alive_agent.text()
         runner.proc.send_signal(signal.SIGKILL)
-        wait_for(lambda: agent.status()["leases"]["leases"] == 0, DEADLINE, "the lease gone")
+        wait_for(lambda: alive_agent.status()["leases"]["leases"] == 0, DEADLINE, "the lease gone")
     finally:
         runner.kill()

@@ -14,8 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from exitwatch import alive
 from exitwatch.alive import WATCHDOG_FILE
 from exitwatch.contract import add_entry
@@ -23,7 +21,7 @@ from exitwatch.kinds.base import Acted
 from exitwatch.kinds.watchdogs import kind as watchdogs
 from exitwatch.owner import Owner, owner_of
 
-from support.alive import Runner, engineless_agent, make_spools
+from support.alive import Runner
 from support.procs import kill, spawn_owner, wait_for
 from support.users import SYSTEM_PYTHON, as_user, attacker_user
 
@@ -31,26 +29,13 @@ DEADLINE = 30.0  # for what is not timed: a correct agent on a loaded machine
 SLACK = 1.0  # "reaped within its timeout plus a second"
 
 
-@pytest.fixture
-def spools(monkeypatch):
-    for made in make_spools():
-        for name, value in made.env.items():
-            monkeypatch.setenv(name, value)
-        yield made
-
-
-@pytest.fixture
-def agent(spools, tmp_path):
-    started = engineless_agent(spools, tmp_path)
-    yield started
-    started.stop()
-
-
 def last_pet(runner: Runner) -> float:
     return float(runner.said("pet")[-1].split()[1])
 
 
-def test_a_runner_that_pets_lives_on_and_its_watchdog_goes_with_it(agent, spools, tmp_path):
+def test_a_runner_that_pets_lives_on_and_its_watchdog_goes_with_it(
+    alive_agent, alive_spools, tmp_path
+):
     runner = Runner(
         """
 w = alive.watchdog(1.0, grace=0.5)
@@ -60,21 +45,21 @@ while time.monotonic() < end:
     w.pet(); said("pet", time.monotonic()); time.sleep(0.2)
 said("done")
 """,
-        spools,
+        alive_spools,
         tmp_path,
     )
     wait_for(lambda: runner.said("done") or not runner.alive(), DEADLINE, "the runner's 4 s")
     assert runner.proc.wait(timeout=DEADLINE) == 0
     assert runner.said("SIGTERM") == []
     # Its owner dead (it ended by itself), the watchdog is removed like any resource.
-    wait_for(lambda: not os.listdir(spools.watchdogs), DEADLINE, "its watchdog removed")
-    assert agent.status()["watchdogs"]["fired"] == 0
+    wait_for(lambda: not os.listdir(alive_spools.watchdogs), DEADLINE, "its watchdog removed")
+    assert alive_agent.status()["watchdogs"]["fired"] == 0
 
 
 def test_a_stopped_runner_is_ended_and_reaped_within_its_timeout_plus_a_second(
-    agent, spools, tmp_path
+    alive_agent, alive_spools, tmp_path
 ):
-    workdir = spools.top / "root" / "held"
+    workdir = alive_spools.top / "root" / "held"
     workdir.mkdir()
     runner = Runner(
         f"""
@@ -86,11 +71,11 @@ for _ in range(3):
 ready()
 time.sleep(3600)
 """,
-        spools,
+        alive_spools,
         tmp_path,
     )
     wait_for(lambda: runner.said("ready"), DEADLINE, "the runner armed")
-    agent.wait_holding(runner.pid, workdirs=1)
+    alive_agent.wait_holding(runner.pid, workdirs=1)
     os.kill(runner.pid, signal.SIGSTOP)  # hung: it pets no more
     petted = last_pet(runner)
     wait_for(lambda: not workdir.exists(), 2.0 + SLACK + 1, "its workdir reaped")
@@ -100,15 +85,17 @@ time.sleep(3600)
     assert runner.proc.returncode == 143 and runner.said("SIGTERM")
     assert float(runner.said("SIGTERM")[0].split()[1]) - petted >= 2.0
     assert gone - petted <= 2.0 + SLACK
-    audit = [json.loads(line) for line in Path(agent.flag("--audit-log")).read_text().splitlines()]
+    audit = [
+        json.loads(line) for line in Path(alive_agent.flag("--audit-log")).read_text().splitlines()
+    ]
     [ended] = [
         a for a in audit if a["kind"] == "watchdog" and "ended by its watchdog" in a["death"]
     ]
     assert ended["owner"] == str(owner_of_dead(runner, audit))
     assert ended["death"].startswith("ended by its watchdog after 2")
     assert ended["extra"]["watchdog"]["timeout"] == 2.0
-    agent.wait_log("ended owner pid")
-    firing = agent.status()["watchdogs"]["recent"][-1]
+    alive_agent.wait_log("ended owner pid")
+    firing = alive_agent.status()["watchdogs"]["recent"][-1]
     assert firing["owner"] == ended["owner"] and not firing["killed"]
 
 
@@ -117,7 +104,9 @@ def owner_of_dead(runner: Runner, audit: list[dict]) -> str:
     return next(a["owner"] for a in audit if f":{runner.pid}:" in a["owner"])
 
 
-def test_a_blocked_runner_that_ignores_sigterm_is_killed_after_its_grace(agent, spools, tmp_path):
+def test_a_blocked_runner_that_ignores_sigterm_is_killed_after_its_grace(
+    alive_agent, alive_spools, tmp_path
+):
     runner = Runner(
         """
 w = alive.watchdog(1.0, grace=1.0, reason="the test's blocked runner")
@@ -125,7 +114,7 @@ w.pet(); said("pet", time.monotonic())
 ready()
 threading.Event().wait()  # a deadlock: no pet ever again
 """,
-        spools,
+        alive_spools,
         tmp_path,
         env={"RUNNER_IGNORES_TERM": "1"},
     )
@@ -135,43 +124,45 @@ threading.Event().wait()  # a deadlock: no pet ever again
     termed = float(runner.said("SIGTERM")[0].split()[1])
     assert 1.0 <= termed - petted <= 1.0 + SLACK
     assert runner.ended is not None and runner.ended - termed >= 1.0  # its grace, whole
-    agent.wait_log("SIGKILL sent")
-    health = agent.status()["watchdogs"]
+    alive_agent.wait_log("SIGKILL sent")
+    health = alive_agent.status()["watchdogs"]
     assert (health["fired"], health["killed"]) == (1, 1) and health["recent"][0]["killed"]
-    assert "(the test's blocked runner)" in agent.text()
+    assert "(the test's blocked runner)" in alive_agent.text()
 
 
-def test_a_reused_pid_is_never_killed(agent, spools, tmp_path):
+def test_a_reused_pid_is_never_killed(alive_agent, alive_spools, tmp_path):
     """A watchdog whose owner died and whose pid a live process has now: the agent judges
     the owner by its start time, finds it dead, and signals no one."""
-    victim = Runner("ready()\ntime.sleep(3600)", spools, tmp_path)
+    victim = Runner("ready()\ntime.sleep(3600)", alive_spools, tmp_path)
     try:
         wait_for(lambda: victim.said("ready"), DEADLINE, "the process on the pid")
         now = owner_of(victim.pid)
         earlier = Owner(now.boot_id, now.pid, now.starttime - 1, now.machine)  # same pid
         body = {"owner": str(earlier), "timeout": 1.0, "grace": 0.0, "created": time.time()}
         add_entry(
-            str(spools.watchdogs),
+            str(alive_spools.watchdogs),
             alive.watchdog_id(earlier),
             WATCHDOG_FILE,
             json.dumps(body).encode(),
         )
         # Dead by its start time: its watchdog is reaped as a dead owner's, and nothing fires.
-        wait_for(lambda: not os.listdir(spools.watchdogs), DEADLINE, "the dead owner's watchdog")
-        agent.wait_log("reaped watchdog")
+        wait_for(
+            lambda: not os.listdir(alive_spools.watchdogs), DEADLINE, "the dead owner's watchdog"
+        )
+        alive_agent.wait_log("reaped watchdog")
         assert victim.alive() and victim.said("SIGTERM") == []
-        assert agent.status()["watchdogs"]["fired"] == 0
+        assert alive_agent.status()["watchdogs"]["fired"] == 0
     finally:
         victim.kill()
 
 
-def test_another_user_cannot_arm_a_watchdog_on_roots_process(agent, spools, tmp_path):
+def test_another_user_cannot_arm_a_watchdog_on_roots_process(alive_agent, alive_spools, tmp_path):
     attacker = attacker_user()
-    victim = Runner("ready()\ntime.sleep(3600)", spools, tmp_path)
+    victim = Runner("ready()\ntime.sleep(3600)", alive_spools, tmp_path)
     try:
         wait_for(lambda: victim.said("ready"), DEADLINE, "root's process")
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(alive.__file__).parents[1])}
-        env |= spools.env
+        env |= alive_spools.env
         # Through the CLI: refused, with one line, and nothing written.
         cli = as_user(
             attacker,
@@ -184,7 +175,7 @@ def test_another_user_cannot_arm_a_watchdog_on_roots_process(agent, spools, tmp_
         _, err = cli.communicate(timeout=60)
         assert cli.returncode == 1, err
         assert "only its own user or root may arm a watchdog on it" in err
-        assert "Traceback" not in err and os.listdir(spools.watchdogs) == []
+        assert "Traceback" not in err and os.listdir(alive_spools.watchdogs) == []
         # Written by hand, past the library: the agent refuses it, and never signals.
         plant = (
             "import json, sys, time; from exitwatch import alive, contract; "
@@ -201,14 +192,14 @@ def test_another_user_cannot_arm_a_watchdog_on_roots_process(agent, spools, tmp_
             env=env,
         )
         assert done.wait(timeout=60) == 0
-        agent.wait_log(f"runs as uid 0, not as uid {attacker.pw_uid} who armed it")
+        alive_agent.wait_log(f"runs as uid 0, not as uid {attacker.pw_uid} who armed it")
         assert victim.alive() and victim.said("SIGTERM") == []
-        assert agent.status()["watchdogs"]["refused"] == 1
+        assert alive_agent.status()["watchdogs"]["refused"] == 1
     finally:
         victim.kill()
 
 
-def test_a_watchdog_never_fires_while_its_owner_cannot_be_read(spools, monkeypatch, caplog):
+def test_a_watchdog_never_fires_while_its_owner_cannot_be_read(alive_spools, monkeypatch, caplog):
     """EMFILE when the agent opens the owner's pidfd: nothing is proven, nothing fires, it
     is said once and counted; once the owner can be read again, it fires."""
     owner = spawn_owner()
@@ -223,7 +214,7 @@ def test_a_watchdog_never_fires_while_its_owner_cannot_be_read(spools, monkeypat
             return real(who)
 
         monkeypatch.setattr(watchdogs.owners, "pidfd", pidfd)
-        kind = watchdogs.Watchdogs(str(spools.watchdogs))
+        kind = watchdogs.Watchdogs(str(alive_spools.watchdogs))
         told: list = []
         kind.start(told.append)
         try:
@@ -247,7 +238,7 @@ def test_a_watchdog_never_fires_while_its_owner_cannot_be_read(spools, monkeypat
             kill(owner)
 
 
-def test_rearming_sets_a_new_timeout_and_counts_as_a_pet(agent, spools, tmp_path):
+def test_rearming_sets_a_new_timeout_and_counts_as_a_pet(alive_agent, alive_spools, tmp_path):
     runner = Runner(
         """
 w = alive.watchdog(30.0, grace=0)
@@ -256,7 +247,7 @@ time.sleep(0.5)
 alive.watchdog(1.0, grace=0); said("pet", time.monotonic())
 time.sleep(3600)
 """,
-        spools,
+        alive_spools,
         tmp_path,
     )
     wait_for(lambda: runner.said("pet"), DEADLINE, "armed again")
@@ -264,19 +255,22 @@ time.sleep(3600)
     assert runner.ended is not None and runner.ended - last_pet(runner) <= 1.0 + SLACK
 
 
-def test_the_cli_arms_pets_and_cancels(spools):
+def test_the_cli_arms_pets_and_cancels(alive_spools):
     owner = spawn_owner()
     try:
         exitwatch = [sys.executable, "-m", "exitwatch", "watchdog", "--pid", str(owner.pid)]
-        env = os.environ | spools.env
+        env = os.environ | alive_spools.env
         armed = subprocess.run(
             [*exitwatch, "--timeout", "60"], capture_output=True, text=True, env=env, check=True
         )
         wid = armed.stdout.strip()
-        file = spools.watchdogs / wid / WATCHDOG_FILE
+        file = alive_spools.watchdogs / wid / WATCHDOG_FILE
         body = json.loads(file.read_text())
         assert (body["timeout"], body["grace"]) == (60.0, alive.WATCHDOG_GRACE)
-        assert (file.stat().st_mode & 0o777, (spools.watchdogs / wid).stat().st_mode & 0o777) == (
+        assert (
+            file.stat().st_mode & 0o777,
+            (alive_spools.watchdogs / wid).stat().st_mode & 0o777,
+        ) == (
             0o600,
             0o700,
         )
@@ -285,7 +279,7 @@ def test_the_cli_arms_pets_and_cancels(spools):
         subprocess.run([*exitwatch, "--pet"], env=env, check=True, capture_output=True)
         assert file.stat().st_ctime_ns > before
         subprocess.run([*exitwatch, "--cancel"], env=env, check=True, capture_output=True)
-        assert os.listdir(spools.watchdogs) == []
+        assert os.listdir(alive_spools.watchdogs) == []
         again = subprocess.run([*exitwatch, "--pet"], env=env, capture_output=True, text=True)
         assert again.returncode == 1 and "no watchdog of yours on process" in again.stderr
         both = subprocess.run(

@@ -42,7 +42,10 @@ log = logging.getLogger(__name__)
 
 KIND = "lease"
 PER_UID = 8  # runs of one user's leases at once; the rest wait their turn, holding no worker
-JOBS = 64  # runs at once, over all users
+# Runs at once, over all users: as for hooks, it takes JOBS / PER_UID users each filling
+# their lane with runs that hang to keep another user's lease waiting for a worker (a
+# thread, made only when a run needs one).
+JOBS = 256
 # A lease that keeps failing says so once, then once per FAILING_LOG_EVERY, not at each run.
 FAILING_LOG_EVERY = 300.0
 
@@ -143,13 +146,22 @@ class Leases(SpoolKind):
     def stop(self) -> None:
         super().stop()
         with self._cond:
+            if self._stopping:  # stopped already: its pipe may be closed, its fds reused
+                return
             self._stopping = True
             self._cond.notify()
         with contextlib.suppress(OSError):
-            os.write(self._stop_w, b"x")
+            os.write(self._stop_w, b"x")  # the runs under way are killed
         if self._thread is not None:
             self._thread.join(2.0)
-        self._pool.shutdown(wait=False)
+        # Their workers end within moments; the stop pipe goes after them, off this thread
+        # (the agent's stop has a deadline).
+        threading.Thread(target=self._close, name="exitwatch-leases-close", daemon=True).start()
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=True)
+        os.close(self._stop_r)
+        os.close(self._stop_w)
 
     # -- the schedule ------------------------------------------------------------------------
 

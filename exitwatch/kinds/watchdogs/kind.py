@@ -173,6 +173,11 @@ class Watchdogs(SpoolKind):
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(2.0)
+        with self._cond:  # a SIGKILL due after its grace is not sent by a stopped agent
+            for armed in self._armed.values():
+                if armed.fired is not None and not armed.fired.done:
+                    armed.fired.done = True
+                    os.close(armed.fired.pidfd)
 
     # -- the timer ---------------------------------------------------------------------------
 

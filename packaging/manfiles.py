@@ -235,18 +235,27 @@ An entry that is a symlink, has another owner's file, or is writable by others, 
 with a warning and never run.
 """
 
-LEASE_TEXT = rf"""
-A lease is a directory
+
+def _spool_entry(noun: str, file: str, spool: str, env: str, command: str) -> str:
+    """The start of a section on a spool beside the hooks': where its entries are."""
+    return rf"""
+A {noun} is a directory
 .IR SPOOL / ID /
 holding one file,
-.BR {esc(LEASE_FILE)} ,
-in a spool of its own, {esc(LEASE_DIR)} (the agent's
-.BR "[leases] dir" ;
-EXITWATCH_LEASE_DIR for
-.BR "exitwatch while\-alive" ),
-with the rules of the hook spool: the same modes, owners and bounds, and the keys of a hook
-file (its timeout bounds each run), with one more:
-"""
+.BR {esc(file)} ,
+in a spool of its own, {esc(spool)} (the agent's
+.BR "[{noun}s] dir" ;
+{env} for
+.BR "{esc(command)}" ),
+with the rules of the hook spool"""
+
+
+LEASE_TEXT = _spool_entry(
+    "lease", LEASE_FILE, LEASE_DIR, "EXITWATCH_LEASE_DIR", "exitwatch while-alive"
+) + (
+    ": the same modes, owners and bounds, and the keys of a hook\n"
+    "file (its timeout bounds each run), with one more:"
+)
 
 LEASE_AFTER = r"""
 .PP
@@ -265,22 +274,18 @@ the owner exits is killed with its process group; once the owner is dead, the le
 deleted. A failed run is logged and counted, and not retried before its next interval.
 """
 
-WATCHDOG_TEXT = rf"""
-A watchdog is a directory
-.IR SPOOL / ID /
-holding one file,
-.BR {esc(WATCHDOG_FILE)} ,
-in a spool of its own, {esc(WATCHDOG_DIR)} (the agent's
-.BR "[watchdogs] dir" ;
-EXITWATCH_WATCHDOG_DIR for
-.BR "exitwatch watchdog" ),
-with the rules of the hook spool.
+WATCHDOG_TEXT = (
+    _spool_entry(
+        "watchdog", WATCHDOG_FILE, WATCHDOG_DIR, "EXITWATCH_WATCHDOG_DIR", "exitwatch watchdog"
+    )
+    + r""".
 .I ID
 is the first 32 hex digits of the SHA\-256 of
 .IR UID : OWNER ,
 so that its user finds it from the process alone. The file is a JSON object with these
 keys:
 """
+)
 
 WATCHDOG_AFTER = r"""
 .PP

@@ -304,8 +304,7 @@ then SIGKILL after
 .B grace
 seconds if it still runs; only if every uid of the process (real, effective, saved, file
 system) is the uid that owns the directory, or root does. Arming it again replaces the
-file, and counts as a pet once the agent sees it (at the latest when the timeout in force
-runs out). The firing is one audit line. Once the owner is dead, the watchdog is deleted.
+entry, directory and file, and counts as a pet. The firing is one audit line. Once the owner is dead, the watchdog is deleted.
 """
 
 AUDIT_TEXT = r"""

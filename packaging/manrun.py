@@ -125,9 +125,7 @@ seconds: for it, CMD's stdout and stderr are pipes of the wrapper's, copied to t
 wrapper's own as output comes, so CMD sees no terminal there (no colour, block\-buffered
 output that counts only once flushed). With both, the watchdog is armed for the nearer
 end and petted on output; once less than the idle timeout is left of the maximum time,
-it is armed again for what is left, which the agent sees at its next look: a run that
-keeps writing may last up to the idle timeout beyond
-.BR \-\-max\-time .
+it is armed again for what is left, and petted no more.
 .PP
 At the end the agent sends the wrapper SIGTERM, which the wrapper passes on to CMD (see
 SIGNALS); once CMD ends the wrapper cleans up as ever and exits with CMD's status (143 for

@@ -304,7 +304,8 @@ then SIGKILL after
 .B grace
 seconds if it still runs; only if every uid of the process (real, effective, saved, file
 system) is the uid that owns the directory, or root does. Arming it again replaces the
-entry, directory and file, and counts as a pet. The firing is one audit line. Once the owner is dead, the watchdog is deleted.
+entry, directory and file, and counts as a pet. The firing is one audit line. Once the
+owner is dead, the watchdog is deleted.
 """
 
 AUDIT_TEXT = r"""

@@ -1,7 +1,8 @@
 """exitwatch-files(5): the formats of the files a runner and the agent write for each other
-and for people: the workdir marker, the on-death hook, the audit log and the status
-document. Their constants come from the code; the prose says what docs/contract.md,
-docs/hooks.md and docs/operations.md say, for a host that has only the package."""
+and for people: the workdir marker, the on-death hook, the lease, the watchdog, the audit
+log and the status document. Their constants come from the code; the prose says what
+docs/contract.md, docs/hooks.md and docs/operations.md say, for a host that has only the
+package."""
 
 from __future__ import annotations
 
@@ -10,6 +11,19 @@ from dataclasses import fields
 from mansource import esc, header
 
 from exitwatch.agent.record import Reap
+from exitwatch.alive import (
+    LEASE_DIR,
+    LEASE_FILE,
+    LEASE_MAX_EVERY,
+    LEASE_MIN_EVERY,
+    REASON_MAX,
+    WATCHDOG_DIR,
+    WATCHDOG_FILE,
+    WATCHDOG_GRACE,
+    WATCHDOG_MAX_GRACE,
+    WATCHDOG_MAX_TIMEOUT,
+    WATCHDOG_MIN_TIMEOUT,
+)
 from exitwatch.contract import (
     HOOK_DIR,
     HOOK_FILE,
@@ -33,11 +47,29 @@ HOOK_KEYS = {
     "created": "when it was registered: unix time, a number",
 }
 
+# A lease file's keys beyond a hook file's (alive.lease_problem checks them).
+LEASE_KEYS = {
+    "every": f"seconds between two runs: a number in [{LEASE_MIN_EVERY:g}, {LEASE_MAX_EVERY:g}]",
+}
+
+# The keys of a watchdog file (alive.watchdog_problem checks them).
+WATCHDOG_KEYS = {
+    "owner": "the owner, a string (see OWNERS): the process the watchdog ends",
+    "timeout": "seconds without a pet before it is ended: a number in "
+    f"[{WATCHDOG_MIN_TIMEOUT:g}, {WATCHDOG_MAX_TIMEOUT:.0f}] "
+    f"({WATCHDOG_MAX_TIMEOUT / 86400:g} days)",
+    "grace": "seconds between SIGTERM and SIGKILL: a number in "
+    f"[0, {WATCHDOG_MAX_GRACE:g}] ({WATCHDOG_GRACE:g} unless the runner says)",
+    "created": "when it was armed: unix time, a number",
+    "reason": f"optional: what it is for, at most {REASON_MAX} characters, quoted in the "
+    "agent's lines",
+}
+
 # What each field of an audit line (and of a "reaps" item of the status document) holds.
 REAP_FIELDS = {
     "time": "unix time of the removal or refusal",
     "what": 'what it was about, for people: "container ID (NAME)", "workdir PATH", ...',
-    "kind": "container, network, volume, workdir, hook or process",
+    "kind": "container, network, volume, workdir, hook, lease, watchdog or process",
     "owner": "its owner",
     "death": 'how the owner died: "killed by SIGKILL (process gone)", "boot id differs '
     '(host rebooted)", ...',
@@ -57,10 +89,18 @@ STATUS_KEYS = {
     "running agent only",
     "processes": "the leftover\\-process rescans: interval_s, rescans, failures, failing "
     "(failures in a row now), last_error; absent with [processes] enabled = false",
+    "leases": "leases (followed now), running, runs, failures, failing (leases whose last "
+    "run failed), last_failure, unreadable (runs not made: whether the owner lives could "
+    "not be read); absent with [leases] enabled = false",
+    "watchdogs": "armed, fired (owners ended), killed (of which with SIGKILL), refused, "
+    "unreadable (looks that could not be made), last_unreadable, recent (the last owners "
+    "ended: time, owner, watchdog, after_s, killed); absent with [watchdogs] enabled = "
+    "false",
     "machine": "this machine's id, whose owners the agent judges; null when it has none",
     "owners": "live owners of this machine, each with owner, pid, name (what the owner is, such as "
     '"container NAME" for one exitwatch adopt found, or null), containers (id, name, '
-    "project), workdirs, hooks (ID: COMMAND) and processes",
+    "project), workdirs, hooks (ID: COMMAND), leases (ID: every S s: COMMAND), watchdogs "
+    "(ID: T s) and processes",
     "elsewhere": "other machines' owners, whose resources are left alone, alive or dead: "
     "the keys of owners, with machine (its machine id) and why",
     "pending": "dead owners' resources not yet removed: owner, death, what; for a running "
@@ -90,7 +130,8 @@ DESCRIPTION = r"""
 A runner and the agent,
 .BR exitwatch (8),
 speak through a few small files: a marker names a workdir's owner, a hook file a command to
-run once its owner is dead. The agent writes what it did to an audit log, and answers
+run once its owner is dead, a lease file a command to run while it lives, a watchdog file
+how long it may go without a pet. The agent writes what it did to an audit log, and answers
 .B exitwatch status
 with one JSON document. This page gives their formats.
 """
@@ -194,6 +235,79 @@ An entry that is a symlink, has another owner's file, or is writable by others, 
 with a warning and never run.
 """
 
+
+def _spool_entry(noun: str, file: str, spool: str, env: str, command: str) -> str:
+    """The start of a section on a spool beside the hooks': where its entries are."""
+    return rf"""
+A {noun} is a directory
+.IR SPOOL / ID /
+holding one file,
+.BR {esc(file)} ,
+in a spool of its own, {esc(spool)} (the agent's
+.BR "[{noun}s] dir" ;
+{env} for
+.BR "{esc(command)}" ),
+with the rules of the hook spool"""
+
+
+LEASE_TEXT = _spool_entry(
+    "lease", LEASE_FILE, LEASE_DIR, "EXITWATCH_LEASE_DIR", "exitwatch while-alive"
+) + (
+    ": the same modes, owners and bounds, and the keys of a hook\n"
+    "file (its timeout bounds each run), with one more:"
+)
+
+LEASE_AFTER = r"""
+.PP
+.EX
+{"owner": "3d1219c7c4c5404aaa1f6d2a48adfda4:b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187",
+ "argv": ["curl", "\-fsS", "\-X", "POST", "https://api.example/sandboxes/42/keepalive"],
+ "cwd": "/home/ann", "env": {}, "every": 60.0, "timeout": 20.0, "created": 1764550000.0}
+.EE
+.PP
+While the owner lives, the agent runs argv as a hook's, with EXITWATCH_LEASE_OWNER (the
+owner) in place of EXITWATCH_DEAD_OWNER and EXITWATCH_DEATH: first when it sees the lease,
+then at intervals of
+.B every
+seconds, never twice at once, at most 8 runs of one user at a time. A run under way when
+the owner exits is killed with its process group; once the owner is dead, the lease is
+deleted. A failed run is logged and counted, and not retried before its next interval.
+"""
+
+WATCHDOG_TEXT = (
+    _spool_entry(
+        "watchdog", WATCHDOG_FILE, WATCHDOG_DIR, "EXITWATCH_WATCHDOG_DIR", "exitwatch watchdog"
+    )
+    + r""".
+.I ID
+is the first 32 hex digits of the SHA\-256 of
+.IR UID : OWNER ,
+so that its user finds it from the process alone. The file is a JSON object with these
+keys:
+"""
+)
+
+WATCHDOG_AFTER = r"""
+.PP
+.EX
+{"owner": "3d1219c7c4c5404aaa1f6d2a48adfda4:b71a6edf\-22f3\-4290\-8340\-bce5f7fd0491:2081:538187",
+ "timeout": 600.0, "grace": 10.0, "created": 1764550000.0, "reason": "eval loop"}
+.EE
+.PP
+A pet is a touch of the file
+.RB ( "exitwatch watchdog \-\-pet" ,
+utime(2)): the agent reads its change time (st_ctime), which the kernel sets. The first
+time the agent sees a watchdog counts as a pet. Once
+.B timeout
+seconds pass without one, the agent sends the owner SIGTERM and SIGCONT through a pidfd,
+then SIGKILL after
+.B grace
+seconds if it still runs; only if every uid of the process (real, effective, saved, file
+system) is the uid that owns the directory, or root does. Arming it again replaces the
+entry, directory and file, and counts as a pet. The firing is one audit line. Once the
+owner is dead, the watchdog is deleted.
+"""
+
 AUDIT_TEXT = r"""
 One JSON object a line, appended for every removal and every refusal by the agent and by
 .BR "exitwatch reap" ,
@@ -213,7 +327,12 @@ present where the kind has more to say: a hook's run adds
 output_tail); a workdir left in place adds
 .B left
 (what stayed, and why); a network or volume adds its
-.BR id .
+.BR id ;
+a watchdog that ended its owner (kind watchdog, what
+.RI \(lqowner\ pid\  PID \(rq)
+adds
+.B watchdog
+(id, uid, timeout, grace).
 .PP
 .B exitwatch status \-\-since
 reads it back.
@@ -230,12 +349,16 @@ def exitwatch_files_5() -> str:
     out = [
         header("exitwatch-files", 5, "File Formats"),
         ".SH NAME",
-        "exitwatch\\-files \\- the workdir marker, the on\\-death hook, the audit log and "
-        "the status document of exitwatch",
+        "exitwatch\\-files \\- the workdir marker, the on\\-death hook, the lease, the "
+        "watchdog, the audit log and the status document of exitwatch",
         ".SH SYNOPSIS",
         f".IR WORKDIR /{esc(MARKER)}",
         ".br",
         f".IR {esc(HOOK_DIR)}/ ID /{esc(HOOK_FILE)}",
+        ".br",
+        f".IR {esc(LEASE_DIR)}/ ID /{esc(LEASE_FILE)}",
+        ".br",
+        f".IR {esc(WATCHDOG_DIR)}/ ID /{esc(WATCHDOG_FILE)}",
         ".br",
         f".I {esc(Config.audit_log)}",
         ".br",
@@ -250,6 +373,14 @@ def exitwatch_files_5() -> str:
         HOOK_TEXT.strip(),
         *_tagged(HOOK_KEYS),
         HOOK_AFTER.strip(),
+        ".SH LEASE",
+        LEASE_TEXT.strip(),
+        *_tagged(LEASE_KEYS),
+        LEASE_AFTER.strip(),
+        ".SH WATCHDOG",
+        WATCHDOG_TEXT.strip(),
+        *_tagged(WATCHDOG_KEYS),
+        WATCHDOG_AFTER.strip(),
         ".SH AUDIT LOG",
         AUDIT_TEXT.strip(),
         *_tagged({f.name: REAP_FIELDS[f.name] for f in fields(Reap)}),

@@ -64,8 +64,21 @@ For what it cannot remove itself (a remote sandbox, a tunnel), a runner leaves a
 with
 .BR "exitwatch on\-death" :
 once the owner is dead, the agent runs it as the user who registered it, and deletes the
-hook once it exits 0. A runner that labels nothing can be run under
-.BR exitwatch\-run (1).
+hook once it exits 0. For while it lives, it leaves a command to run as that user every
+so often
+.RB ( "exitwatch while\-alive" ,
+a lease: a sandbox's keepalive, run until the owner dies, killed the moment it does), or a
+watchdog
+.RB ( "exitwatch watchdog" ):
+once the owner goes unpetted for its timeout, the agent ends it (SIGTERM, then SIGKILL
+after a grace), and it is then a dead owner like any other. A runner that labels nothing
+can be run under
+.BR exitwatch\-run (1),
+whose
+.B \-\-max\-time
+and
+.B \-\-idle\-timeout
+arm such a watchdog on the run.
 .PP
 .B exitwatch adopt
 serves one labelling Docker socket for the whole host, for runners that cannot be started
@@ -85,6 +98,8 @@ FILES = [
     ("/var/lib/exitwatch/", "State directory: the audit log of removals and refusals."),
     ("/run/exitwatch/", "Runtime directory: the status socket."),
     ("/var/spool/exitwatch/hooks/", "On-death hooks (mode 1733: anyone adds, only root lists)."),
+    ("/var/spool/exitwatch/leases/", "Leases, as the hooks' spool (made by the agent)."),
+    ("/var/spool/exitwatch/watchdogs/", "Watchdogs, as the hooks' spool (made by the agent)."),
     ("/lib/systemd/system/exitwatch.service", "The hardened systemd unit."),
     (
         "/lib/systemd/system/exitwatch-adopt.socket",
@@ -104,7 +119,8 @@ stopped by SIGTERM or SIGINT.
 An error, in one line on stderr,
 .RB \(lq "Error: " ...\(rq,
 that says what is wrong and what to do: a bad setting, not root, no Docker engine
-answering, no agent's hook spool, a removal that failed, and so on.
+answering, no agent's spool (hooks, leases, watchdogs), no watchdog of yours to pet, a
+removal that failed, and so on.
 .TP
 .B 2
 Bad use: an unknown command or option, a missing or bad argument.
@@ -137,6 +153,20 @@ The spool
 writes to (default /var/spool/exitwatch/hooks); it must be the agent's
 .BR "[hooks] dir" .
 .TP
+.B EXITWATCH_LEASE_DIR
+The spool
+.B exitwatch while\-alive
+writes to (default /var/spool/exitwatch/leases); it must be the agent's
+.BR "[leases] dir" .
+.TP
+.B EXITWATCH_WATCHDOG_DIR
+The spool
+.B exitwatch watchdog
+and
+.BR "exitwatch run \-\-max\-time" / \-\-idle\-timeout
+write to (default /var/spool/exitwatch/watchdogs); it must be the agent's
+.BR "[watchdogs] dir" .
+.TP
 .BR EXITWATCH_OWNER ", " EXITWATCH_RUN
 Set by
 .B exitwatch run
@@ -150,6 +180,9 @@ prints the first, for compose files.
 .BR EXITWATCH_DEAD_OWNER ", " EXITWATCH_DEATH
 Given to an on\-death hook's command: the dead owner, and how it died (e.g.
 .IR "killed by SIGKILL (process gone)" ).
+.TP
+.B EXITWATCH_LEASE_OWNER
+Given to each run of a lease's command: the owner it keeps something alive for.
 .TP
 .B EXITWATCH_NETLINK_RCVBUF
 The receive buffer of the netlink source, in bytes (default 16777216).
@@ -187,6 +220,17 @@ A remote sandbox deleted once the shell dies, however it dies; a clean exit canc
 id=$(exitwatch on\-death \-\-timeout 30 \-\- \e
      curl \-fsS \-X DELETE https://api.example/sandboxes/42)
 trap \(aqexitwatch on\-death \-\-cancel "$id"\(aq EXIT
+.EE
+.PP
+A sandbox kept alive for as long as the shell lives, and the shell ended once ten minutes
+pass without progress:
+.PP
+.EX
+exitwatch while\-alive \-\-every 60 \-\- \e
+     curl \-fsS \-X POST https://api.example/sandboxes/42/keepalive
+exitwatch watchdog \-\-timeout 600
+for t in tasks/*; do run_task "$t"; exitwatch watchdog \-\-pet; done
+exitwatch watchdog \-\-cancel
 .EE
 .PP
 An operator: what would go now, what went in the last 12 hours, a new config file read:

@@ -10,7 +10,11 @@ from exitwatch.cli import cli
 RUN_DESCRIPTION = r"""
 The wrapper is the owner of everything the run creates, and CMD is its child: CMD dies with
 it (its parent\-death signal is SIGKILL). It needs no agent and no root: it works with the
-caller's own rights.
+caller's own rights; only
+.B \-\-max\-time
+and
+.BR \-\-idle\-timeout ,
+which the agent enforces, need an agent (see TIMEOUTS).
 .PP
 The socket forwards every connection to the engine the caller would have used, and adds
 .B exitwatch.owner=\fIowner\fR
@@ -52,9 +56,9 @@ If the wrapper itself is SIGKILLed, CMD dies with it, and the agent
 if one runs, reaps what carries the run's owner like any other owner's: the containers,
 networks and volumes by their label, the TMPDIR and the socket's directory by their
 markers (when they lie under the agent's workdir roots, /tmp by default), and the
-processes CMD left behind (see
-.B kill_leftovers
-in
+processes CMD left behind (the
+.B [processes]
+table of
 .BR exitwatch.toml (5)).
 """
 
@@ -97,8 +101,38 @@ without
 is what this is for: that user could otherwise put a socket of their own in the place of
 the run's.
 .PP
+The wrapper itself reads EXITWATCH_WATCHDOG_DIR, the agent's watchdog spool, for
+.B \-\-max\-time
+and
+.BR \-\-idle\-timeout .
+.PP
 The wrapper forwards to the engine of the caller's DOCKER_HOST, or /var/run/docker.sock,
 and to the podman service of its CONTAINER_HOST; only a local socket can be forwarded to.
+.SH TIMEOUTS
+.B \-\-max\-time
+and
+.B \-\-idle\-timeout
+arm the agent's watchdog on the wrapper, the run's owner, before CMD starts; the agent
+then ends the run even when what hangs is the wrapper. With no agent's watchdog spool to
+arm it in (EXITWATCH_WATCHDOG_DIR, else /var/spool/exitwatch/watchdogs) the run exits 125
+with one line, and runs nothing.
+.PP
+.B \-\-max\-time
+ends the run S seconds after the wrapper started.
+.B \-\-idle\-timeout
+ends it once CMD (with its descendants) has written nothing to its stdout or stderr for S
+seconds: for it, CMD's stdout and stderr are pipes of the wrapper's, copied to the
+wrapper's own as output comes, so CMD sees no terminal there (no colour, block\-buffered
+output that counts only once flushed). With both, the watchdog is armed for the nearer
+end and petted on output; once less than the idle timeout is left of the maximum time,
+it is armed again for what is left, and petted no more.
+.PP
+At the end the agent sends the wrapper SIGTERM, which the wrapper passes on to CMD (see
+SIGNALS); once CMD ends the wrapper cleans up as ever and exits with CMD's status (143 for
+a CMD that SIGTERM killed). A wrapper still running
+.B \-\-grace
+seconds after that SIGTERM is SIGKILLed by the agent, which then reaps what the run held.
+The agent's log and audit log say why the run was ended; the wrapper does not.
 .SH SIGNALS
 SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the wrapper are passed on to CMD, and the
 wrapper waits for it; a second SIGINT or SIGTERM kills CMD. Ctrl\-C in a terminal reaches
@@ -112,7 +146,11 @@ Bad use (no CMD, an unknown option): one line, and nothing is run.
 .B 125
 The run cannot be set up: a DOCKER_HOST or CONTAINER_HOST that is not a local socket
 (tcp:// or ssh://, whose TLS or tunnel the socket would have to speak again), no room for
-its directories, or no safe directory for them, /tmp included.
+its directories, or no safe directory for them, /tmp included;
+.B \-\-max\-time
+or
+.B \-\-idle\-timeout
+with no agent's watchdog to arm.
 .TP
 .B 126
 CMD cannot be executed.
@@ -146,6 +184,12 @@ Ten seconds for what it leaves running to stop on SIGTERM before SIGKILL:
 .PP
 .EX
 exitwatch run \-\-grace 10 \-\- python my_eval.py
+.EE
+.PP
+Ended by the agent after four hours, or after fifteen minutes without output:
+.PP
+.EX
+exitwatch run \-\-max\-time 14400 \-\-idle\-timeout 900 \-\- python my_eval.py
 .EE
 .SH SEE ALSO
 exitwatch(8), exitwatch.toml(5), exitwatch\-adopt(8), exitwatch\-files(5), docker(1),

@@ -167,7 +167,7 @@ def takes(name: str, table: str | None = None) -> str:
 
 
 def aliases(table: str) -> dict[str, str]:
-    """A kind's flat keys of the file's top level, still read: old spelling → its field."""
+    """A kind's flat keys of the file's top level, still read: flat name → its field."""
     return dict(next(reg.aliases for reg in registry.KINDS if reg.table == table))
 
 

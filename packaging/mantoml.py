@@ -106,7 +106,9 @@ def exitwatch_toml_5() -> str:
         out += _settings(reg.settings, field_docs(reg.settings), table=reg.table)
         spelled = [f"{old} ({new})" for old, new in aliases(reg.table).items()]
         if spelled:
-            said = f"Still read at the top level, as before the tables: {', '.join(spelled)}"
+            # The flat names the options set; most are also how the key was spelled
+            # before the tables (not lease_dir and watchdog_dir, which came after).
+            said = f"Also read at the top level, by its flat name: {', '.join(spelled)}"
             out += [".PP", esc(said + "; each use is one warning in the log.")]
     out += [
         f'.SS "[{TABLE}]"',

@@ -144,6 +144,7 @@ def test_pages_stand_alone_and_point_at_each_other() -> None:
 
 
 def test_exitwatch_8_has_exit_status_environment_and_examples() -> None:
+    from exitwatch.alive import ENV_LEASE_DIR, ENV_LEASE_OWNER, ENV_WATCHDOG_DIR
     from exitwatch.cli import NO_AGENT
 
     page = _manpage_module().render("exitwatch.8")
@@ -154,10 +155,27 @@ def test_exitwatch_8_has_exit_status_environment_and_examples() -> None:
     for code in (0, 1, 2, NO_AGENT):
         assert f".B {code}\n" in statuses, code
     environment = _plain(page.split(".SH ENVIRONMENT", 1)[1].split(".SH", 1)[0])
-    for name in ("DOCKER_HOST", ENV_HOOK_DIR, ENV_OWNER, ENV_RUN, RCVBUF_ENV, "NOTIFY_SOCKET"):
+    for name in (
+        "DOCKER_HOST",
+        ENV_HOOK_DIR,
+        ENV_LEASE_DIR,
+        ENV_WATCHDOG_DIR,
+        ENV_LEASE_OWNER,
+        ENV_OWNER,
+        ENV_RUN,
+        RCVBUF_ENV,
+        "NOTIFY_SOCKET",
+    ):
         assert name in environment, name
     examples = _plain(page.split(".SH EXAMPLES", 1)[1].split(".SH", 1)[0])
-    for command in ("exitwatch labels", "exitwatch mark", "exitwatch on-death", "exitwatch reap"):
+    for command in (
+        "exitwatch labels",
+        "exitwatch mark",
+        "exitwatch on-death",
+        "exitwatch while-alive",
+        "exitwatch watchdog",
+        "exitwatch reap",
+    ):
         assert command in examples, command
 
 
@@ -175,12 +193,14 @@ def test_adopt_page_has_its_options_and_sections() -> None:
 
 
 def test_files_page_gives_the_formats_the_code_reads() -> None:
-    """The hook keys are exactly those a hook file must have, the audit fields those the
-    agent writes, the status keys those the document has, and its examples parse."""
+    """The hook, lease and watchdog keys are exactly those their files may have, the audit
+    fields those the agent writes, the status keys those the document has, and its
+    examples parse."""
     import json
     from dataclasses import fields as dc_fields
 
     from exitwatch.agent.record import Reap
+    from exitwatch.alive import lease_problem, watchdog_problem
     from exitwatch.contract import hook_problem
     from exitwatch.owner import Owner
 
@@ -189,14 +209,36 @@ def test_files_page_gives_the_formats_the_code_reads() -> None:
     body = {"owner": "x", "argv": ["true"], "cwd": "", "env": {}, "timeout": 1, "created": 0}
     assert hook_problem(body) is None
     assert set(manfiles.HOOK_KEYS) == set(body)
+    lease = body | {"every": 60}
+    assert lease_problem(lease) is None
+    assert set(manfiles.LEASE_KEYS) == set(lease) - set(body)
+    dog = {"owner": "x", "timeout": 60, "grace": 1, "created": 0, "reason": ""}
+    assert watchdog_problem(dog) is None
+    assert set(manfiles.WATCHDOG_KEYS) == set(dog)
+    for key in dog:  # each but reason is required, and no other key is taken
+        want = None if key == "reason" else f"it lacks {key}"
+        assert watchdog_problem({k: v for k, v in dog.items() if k != key}) == want, key
+    assert watchdog_problem(dog | {"pets": 1}) is not None
     assert set(manfiles.REAP_FIELDS) == {f.name for f in dc_fields(Reap)}
-    for key in (*manfiles.HOOK_KEYS, *manfiles.REAP_FIELDS, *manfiles.STATUS_KEYS):
+    keys = (*manfiles.HOOK_KEYS, *manfiles.LEASE_KEYS, *manfiles.WATCHDOG_KEYS)
+    for key in (*keys, *manfiles.REAP_FIELDS, *manfiles.STATUS_KEYS):
         assert f"\n.B {key}\n" in page, key
+    checks = {"marker": 0, "hook": 0, "lease": 0, "watchdog": 0}
     for example in re.findall(r"^\.EX\n(\{.*?)\n\.EE$", page, flags=re.M | re.S):
         parsed = json.loads(example)
         Owner.parse(parsed["owner"])
-        if "argv" in parsed:
+        if "every" in parsed:
+            assert lease_problem(parsed) is None
+            checks["lease"] += 1
+        elif "argv" in parsed:
             assert hook_problem(parsed) is None
+            checks["hook"] += 1
+        elif "grace" in parsed:
+            assert watchdog_problem(parsed) is None
+            checks["watchdog"] += 1
+        else:
+            checks["marker"] += 1
+    assert checks == {"marker": 1, "hook": 1, "lease": 1, "watchdog": 1}
 
 
 def _plain(roff: str) -> str:
@@ -273,8 +315,9 @@ def test_run_page_lists_the_run_options_and_exit_statuses() -> None:
     statuses = page.split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
     for code in (2, SETUP_FAILED, 126, 127):
         assert f".B {code}\n" in statuses, code
-    for section in ("ENVIRONMENT", "EXAMPLES"):
+    for section in ("ENVIRONMENT", "TIMEOUTS", "EXAMPLES"):
         assert f"\n.SH {section}\n" in page, section
+    assert "EXITWATCH_WATCHDOG_DIR" in page
 
 
 def _documented() -> dict[str | None, dict[str, object]]:

@@ -130,6 +130,9 @@ class ResourceKind(abc.ABC):
     # How long a resource may stay busy (Outcome.later) before that counts as a failed
     # attempt: the longest another process may rightly hold it.
     busy_wait: float = 0.0
+    # Set by the service for a dry run: a kind that acts on live owners on its own (the
+    # watchdog) then says what it would do, and does nothing.
+    dry_run: bool = False
 
     @abc.abstractmethod
     def scan(self) -> Snapshot:

@@ -189,7 +189,7 @@ def _supervise(
         relays = [relay(pipes[0][0], 1, timeouts), relay(pipes[1][0], 2, timeouts)]
     for proxy in proxies:
         proxy.start()
-    status = _wait(proc)
+    status = _wait(proc, timeouts)
     if timeouts is not None:
         timeouts.cancel()
     _end_descendants(settings.grace)
@@ -214,7 +214,7 @@ def _timeouts(settings: Settings) -> Timeouts | None:
         ) from None
 
 
-def _wait(proc: subprocess.Popen) -> int:
+def _wait(proc: subprocess.Popen, timeouts: Timeouts | None = None) -> int:
     """Forward signals to CMD until it exits; its status, as a shell reports it."""
     escalate = 0
     while True:
@@ -228,6 +228,9 @@ def _wait(proc: subprocess.Popen) -> int:
         if info.si_code == SI_KERNEL:
             continue  # from the tty to the whole foreground group: CMD has it already
         sig = signal.Signals(info.si_signo)
+        why = timeouts.overdue() if timeouts and sig == signal.SIGTERM else None
+        if why is not None:
+            _say(why)
         if sig in ESCALATE:
             escalate += 1
         _signal(proc.pid, signal.SIGKILL if escalate > 1 else sig)

@@ -18,6 +18,7 @@ import time
 from exitwatch import alive
 
 PET_EVERY = 0.05  # seconds: output more often than this pets once, not at every write
+TOLD = 0.5  # a SIGTERM this near a time that is up is taken for the watchdog's
 
 
 class Timeouts:
@@ -64,6 +65,19 @@ class Timeouts:
             assert self._dog is not None
             with contextlib.suppress(OSError):
                 self._dog.pet()
+
+    def overdue(self) -> str | None:
+        """Why the agent's watchdog ends the run now, if one of its times is up (a SIGTERM
+        came): one line for the run's caller; None while neither is."""
+        now = time.monotonic()
+        with self._lock:
+            if self.max_time is not None and now - self.started >= self.max_time - TOLD:
+                why = f"--max-time {self.max_time:g} s reached"
+            elif self.idle is not None and now - self._last >= self.idle - TOLD:
+                why = f"no output for --idle-timeout {self.idle:g} s"
+            else:
+                return None
+        return f"{why}: the agent's watchdog ends the run"
 
     def cancel(self) -> None:
         """CMD has ended: what is left (ending its leftovers, removing) is the wrapper's."""

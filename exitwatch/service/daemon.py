@@ -40,6 +40,7 @@ def make_kinds(config: Config) -> dict[str, ResourceKind]:
             kinds[reg.kind] = reg.make(settings)
         except ValueError as err:
             raise ConfigError(f"{reg.table}.{err}") from None
+        kinds[reg.kind].dry_run = config.dry_run
     return kinds
 
 

@@ -63,6 +63,8 @@ def test_max_time_ends_a_run_that_overruns_and_its_container_goes(engine, workro
         wait_for(lambda: not _owned(engine), GONE_DEADLINE, "the run's container removed")
         [ended] = _ended(agent)
         assert "(exitwatch run --max-time 3)" in ended["death"]
+        said = proc.stderr.read()
+        assert "exitwatch run: --max-time 3 s reached: the agent's watchdog ends the run" in said
 
 
 def test_idle_timeout_ends_a_silent_run_and_spares_a_talking_one(engine, workroot, tmp_path):
@@ -81,7 +83,9 @@ def test_idle_timeout_ends_a_silent_run_and_spares_a_talking_one(engine, workroo
         silent.wait(timeout=60)
         took = time.monotonic() - quiet_from
         assert 2.0 <= took <= 2.0 + 1.0 + 2.0, took
-        assert silent.returncode == 128 + 15, silent.stderr.read()
+        said = silent.stderr.read()
+        assert silent.returncode == 128 + 15, said
+        assert "no output for --idle-timeout 2 s: the agent's watchdog ends the run" in said
         # The talking one ran its 4 s whole, twice its idle timeout, and ended by itself.
         assert talking.wait(timeout=60) == 0
         assert talking.stderr.read().split() == [str(i) for i in range(1, 9)]  # all of it

@@ -21,7 +21,7 @@ from exitwatch.kinds.base import Acted
 from exitwatch.kinds.watchdogs import kind as watchdogs
 from exitwatch.owner import Owner, owner_of
 
-from support.alive import Runner
+from support.alive import Runner, engineless_agent
 from support.procs import kill, spawn_owner, wait_for
 from support.users import SYSTEM_PYTHON, as_user, attacker_user
 
@@ -291,3 +291,17 @@ def test_the_cli_arms_pets_and_cancels(alive_spools):
         )
     finally:
         kill(owner)
+
+
+def test_a_dry_run_agent_says_what_it_would_end_and_ends_nothing(alive_spools, tmp_path):
+    agent = engineless_agent(alive_spools, tmp_path, "--dry-run")
+    runner = Runner(
+        "alive.watchdog(1.0, grace=0)\nready()\ntime.sleep(3600)", alive_spools, tmp_path
+    )
+    try:
+        agent.wait_log("would end owner", what="the dry run's line")
+        assert runner.alive() and runner.said("SIGTERM") == []
+        assert agent.status()["watchdogs"]["fired"] == 0
+    finally:
+        runner.kill()
+        agent.stop()

@@ -294,6 +294,11 @@ class Watchdogs(SpoolKind):
         why = f"ended by its watchdog after {after:g} s without a pet"
         if reason:
             why += f" ({printable(reason)})"
+        if self.dry_run:
+            os.close(pidfd)
+            log.warning("%s: would end owner %s (dry run): %s", self.what(entry), owner, why)
+            self._armed.pop(entry.key, None)  # said once; armed again if its file changes
+            return
         try:
             signal.pidfd_send_signal(pidfd, signal.SIGTERM)
             signal.pidfd_send_signal(pidfd, signal.SIGCONT)  # a stopped one acts on it now

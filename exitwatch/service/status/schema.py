@@ -56,6 +56,8 @@ class OwnerEntry(TypedDict):
     volumes: list[VolumeHeld]
     workdirs: list[str]
     hooks: list[str]
+    leases: list[str]
+    watchdogs: list[str]
     processes: list[str]
 
 

@@ -132,7 +132,8 @@ SIGNALS); once CMD ends the wrapper cleans up as ever and exits with CMD's statu
 a CMD that SIGTERM killed). A wrapper still running
 .B \-\-grace
 seconds after that SIGTERM is SIGKILLed by the agent, which then reaps what the run held.
-The agent's log and audit log say why the run was ended; the wrapper does not.
+The agent's log and audit log say why the run was ended, and the wrapper says so in one
+line on stderr as the SIGTERM comes.
 .SH SIGNALS
 SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the wrapper are passed on to CMD, and the
 wrapper waits for it; a second SIGINT or SIGTERM kills CMD. Ctrl\-C in a terminal reaches

@@ -47,6 +47,7 @@ AGAIN = 1.0  # seconds before a look that could not be made is made again
 # pet: a watchdog fires this much after its timeout, never before.
 COARSE = 0.02
 RECENT = 20  # the last firings status shows
+_PIN = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 
 FORMAT = Format(
     "watchdog",
@@ -226,8 +227,12 @@ class Watchdogs(SpoolKind):
         try:
             dir_fd = spool_fd(self.path)
             try:
-                path = f"{entry.key}/{WATCHDOG_FILE}"
-                st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+                # Its directory through no symlink (its user may swap one in), then its file.
+                pin = os.open(entry.key, _PIN, dir_fd=dir_fd)
+                try:
+                    st = os.stat(WATCHDOG_FILE, dir_fd=pin, follow_symlinks=False)
+                finally:
+                    os.close(pin)
                 if (st.st_dev, st.st_ino) != (entry.dev, entry.ino):
                     self._rearmed(dir_fd, entry)
                     return None

@@ -6,6 +6,7 @@ agent."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -21,7 +22,7 @@ import pytest
 from exitwatch.owner import owner_of
 
 from support.alive import Runner, engineless_agent
-from support.procs import wait_for
+from support.procs import kill, spawn_owner, wait_for
 from support.users import attacker_user
 
 DEADLINE = 30.0
@@ -224,3 +225,40 @@ def test_a_failing_lease_is_counted_shown_and_said_once(alive_agent, alive_spool
         wait_for(lambda: alive_agent.status()["leases"]["leases"] == 0, DEADLINE, "the lease gone")
     finally:
         runner.kill()
+
+
+def test_a_lease_never_runs_while_its_owner_cannot_be_read(
+    alive_spools, tmp_path, monkeypatch, caplog
+):
+    """EMFILE when the agent opens the owner's pidfd: whether it lives is not known, so the
+    lease does not run; that is said once, and counted; once it can be read, it runs."""
+    from exitwatch import while_alive
+    from exitwatch.kinds.leases import kind as leases
+
+    owner = spawn_owner()
+    ran = tmp_path / "ran"
+    try:
+        while_alive(["touch", str(ran)], every=1, pid=owner.pid)
+        real, blind = leases.owners.pidfd, threading.Event()
+        blind.set()
+
+        def pidfd(who):
+            if blind.is_set():
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            return real(who)
+
+        monkeypatch.setattr(leases.owners, "pidfd", pidfd)
+        kind = leases.Leases(str(alive_spools.leases))
+        kind.start(lambda change: None)
+        try:
+            wait_for(lambda: kind.health()["unreadable"] >= 3, DEADLINE, "three runs not made")
+            assert not ran.exists() and kind.health()["runs"] == 0
+            said = [r.getMessage() for r in caplog.records if "it does not run" in r.getMessage()]
+            assert len(said) == 1 and "Too many open files" in said[0]
+            blind.clear()
+            wait_for(ran.exists, DEADLINE, "a run once the owner can be read")
+            assert kind.health()["runs"] >= 1
+        finally:
+            kind.stop()
+    finally:
+        kill(owner)

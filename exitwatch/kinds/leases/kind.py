@@ -78,7 +78,8 @@ class _Lease:
     running: bool = False
     waiting: bool = False  # in its user's queue
     failing: bool = False
-    logged: float = float("-inf")  # when its failing was last said
+    blind: bool = False  # its last run was not made: whether its owner lives could not be read
+    logged: float = float("-inf")  # when its failing (or blindness) was last said
 
 
 class Leases(SpoolKind):
@@ -219,19 +220,24 @@ class Leases(SpoolKind):
                 del self._queued[uid]
 
     def _said(self, lease: _Lease, result: tuple[str, str] | None) -> None:
-        """Say a lease's failing once as it starts, then every FAILING_LOG_EVERY; and when
-        it works again."""
+        """Say a lease's failing (or its owner unreadable) once as it starts, then every
+        FAILING_LOG_EVERY; and when it works again."""
         what = self.what(lease.entry)
         if result is None:
-            if lease.failing:
+            if lease.failing or lease.blind:
                 log.info("%s: runs again", what)
-            lease.failing = False
+            lease.failing = lease.blind = False
             return
+        blind = result[0] == "unreadable"
         now = time.monotonic()
-        if not lease.failing or now - lease.logged >= FAILING_LOG_EVERY:
-            log.warning("%s: %s", what, result[1])
+        streak = lease.blind if blind else lease.failing
+        if not streak or now - lease.logged >= FAILING_LOG_EVERY:
+            log.warning("%s: %s", what, result[1] + ("; it does not run" if blind else ""))
             lease.logged = now
-        lease.failing = True
+        if blind:
+            lease.blind = True
+        else:
+            lease.failing = True
 
     # -- one run -----------------------------------------------------------------------------
 
@@ -249,7 +255,8 @@ class Leases(SpoolKind):
                     self._totals["runs"] += key in ("ok", "failures", "stopped")
                     if key == "failures":
                         self._last_failure = f"{self.what(entry)}: {why}"
-            self._ended(entry, result if result and result[0] == "failures" else None)
+            told = result if result and result[0] in ("failures", "unreadable") else None
+            self._ended(entry, told)
 
     def _run_one(self, entry: Entry) -> tuple[str, str] | None:
         """Run the lease once, if its owner lives: (how it went, why), "ok", "failures",

@@ -115,6 +115,8 @@ class Agent:
     poll_interval: float | None = None
     exit_filter: bool = True
     hook_dir: str | None = None  # None: a spool of its own, empty
+    watchdog_dir: str | None = None  # the same, of watchdogs
+    lease_dir: str | None = None  # the same, of leases
     reconcile_interval: float | None = None
     engine_concurrency: int | None = None  # None: the default
     engines: tuple[str, ...] = ()  # several engines: --engine each, in place of docker_host
@@ -155,6 +157,8 @@ class Agent:
         argv += ["--status-socket", os.path.join(self._state, "status.sock")]
         argv += ["--audit-log", os.path.join(self._state, "audit.jsonl")]
         argv += ["--hook-dir", self.hook_dir or os.path.join(self._state, "hooks")]
+        argv += ["--watchdog-dir", self.watchdog_dir or os.path.join(self._state, "watchdogs")]
+        argv += ["--lease-dir", self.lease_dir or os.path.join(self._state, "leases")]
         if self.engine_concurrency is not None:  # a setting with no option of its own
             config = os.path.join(self._state, "config.toml")
             with open(config, "w") as f:

@@ -73,6 +73,15 @@ def targets(results: dict) -> list[dict]:
                 20,
             )
             _check(out, "hooks", f"{src} missed", r["missed"], "<=", 0)
+    wd = s.get("watchdog")
+    if wd and "unavailable" not in wd:
+        # The promise: a hung runner is ended and reaped within its timeout plus a
+        # second; its hook starting is the last of that.
+        late = wd["late_ms"].get("p95")
+        _check(
+            out, "watchdog", "timeout to hook started, past the timeout, p95 ms", late, "<=", 1000
+        )
+        _check(out, "watchdog", "missed", wd["missed"], "<=", 0)
     if "wrapper" in s:
         w = s["wrapper"]
         overhead = w["create_start_ms"]["overhead"].get("p95")
@@ -193,6 +202,25 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
                 _dist(r["overhead_ms"]),
             ),
             ("hooks", f"{src}: trials", f"{r['trials']} trials, {r['missed']} missed"),
+        ]
+    wd = s.get("watchdog")
+    if wd and "unavailable" in wd:
+        out.append(("watchdog", wd["source"], f"unavailable: {wd['unavailable']}"))
+    elif wd:
+        t = f"{wd['timeout_s']:g} s"
+        out += [
+            (
+                "watchdog",
+                f"timeout ({t}) -> hook started, past the timeout, {dist}",
+                _dist(wd["late_ms"]),
+            ),
+            ("watchdog", f"floor, SIGKILL -> hook started, {dist}", _dist(wd["kill_ms"])),
+            (
+                "watchdog",
+                f"overhead, per trial (ours - the SIGKILL trial next to it), {dist}",
+                _dist(wd["overhead_ms"]),
+            ),
+            ("watchdog", "trials", f"{wd['trials']} trials, {wd['missed']} missed"),
         ]
     if "wrapper" in s:
         w = s["wrapper"]

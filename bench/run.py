@@ -23,12 +23,26 @@ from pathlib import Path
 import docker
 import psutil
 
-from bench import adopt, engines, hooks, idle, latency, page, report, scale, storm, wrapper
+from bench import (
+    adopt,
+    engines,
+    hooks,
+    idle,
+    latency,
+    page,
+    report,
+    scale,
+    storm,
+    watchdog,
+    wrapper,
+)
 from bench.engine import Engine
 from bench.procs import end_owners, spawn_owners
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = ("latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt", "engines")
+SECTIONS = (
+    *("latency", "storm", "idle", "scale", "hooks", "watchdog", "wrapper", "adopt", "engines"),
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,8 @@ class Sizes:
     """Marked dirs for the workdir reconcile."""
     reconcile_interval: float = 5.0
     """Seconds between the periodic reconciles timed over those dirs."""
+    watchdog_trials: int = 30
+    """Owners ended by their watchdog (a second each), each paired with one SIGKILLed."""
     wrapper_trials: int = 100
     """create+start pairs through `exitwatch run`'s socket and directly."""
     wrapper_stream_mb: int = 256
@@ -102,6 +118,7 @@ SMOKE = Sizes(
     bulk_owners=2,
     workdirs=200,
     reconcile_interval=1.0,
+    watchdog_trials=3,
     wrapper_trials=3,
     wrapper_stream_mb=16,
     wrapper_clients=8,
@@ -248,6 +265,8 @@ def run(args: argparse.Namespace, partial: str | None = None) -> dict:
                 engine.clean()
         if "hooks" in only:
             section("hooks", lambda: [hooks.run(engine, s, sizes.trials) for s in ("netlink",)])
+        if "watchdog" in only:
+            section("watchdog", lambda: watchdog.run(engine, "netlink", sizes.watchdog_trials))
         if "wrapper" in only:
             section(
                 "wrapper",

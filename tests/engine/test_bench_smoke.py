@@ -21,7 +21,7 @@ PODMAN_SH = ROOT / "tests" / "support" / "podman.sh"
 
 pytestmark = pytest.mark.engine
 
-SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "wrapper", "adopt", "engines"}
+SECTIONS = {"latency", "storm", "idle", "scale", "hooks", "watchdog", "wrapper", "adopt", "engines"}
 DIST = {"n", "p50", "p95", "p99", "max", "mean"}
 
 
@@ -153,6 +153,12 @@ def test_smoke_run_writes_well_formed_results(tmp_path: Path, bindir: Path, engi
         _dist(r["hook_ms"])
         _dist(r["plain_ms"])
         assert r["hook_ms"]["n"] + r["missed"] == r["trials"]
+
+    w = results["sections"]["watchdog"]
+    for key in ("late_ms", "kill_ms", "overhead_ms"):
+        _dist(w[key])
+    assert w["late_ms"]["n"] + w["missed"] == w["trials"] and w["timeout_s"] == 1.0
+    assert w["late_ms"]["p50"] > 0  # never before its timeout
 
     for t in results["targets"]:
         assert set(t) == {"section", "target", "value", "met"}

@@ -150,11 +150,12 @@ def test_every_kind_has_a_resources_watched_sample_while_it_holds_nothing(
         return got
 
     # Nothing is held yet: a panel or an alert on any kind reads 0, not "no data".
-    assert mine() == dict.fromkeys(("container", "hook", "workdir"), 0.0)
+    kinds = ("container", "hook", "lease", "watchdog", "workdir")
+    assert mine() == dict.fromkeys(kinds, 0.0)
     owner = spawn_owner()
     cid = container(engine, owner.pid)
     agent.wait_holding(owner.pid, containers=1)
-    assert mine() == {"container": 1.0, "hook": 0.0, "workdir": 0.0}
+    assert mine() == dict.fromkeys(kinds, 0.0) | {"container": 1.0}
     kill(owner)
     wait_gone(engine, [cid])
     wait_for(lambda: watched()["container"] == 0.0, what="the container to leave the gauge")

@@ -1,0 +1,5 @@
+"""What the kinds whose resources are entries of a spool share (hooks, leases, watchdogs):
+entry.py reads and checks one entry without following a link, listing.py lists a spool
+bounded per user, kind.py follows it (inotify, else listings) and deletes a dead owner's
+entries, spawn.py runs one command as its user. Each kind brings its Format.
+"""

@@ -167,3 +167,12 @@ soak: deps
 .PHONY: test-dockerpy
 test-dockerpy: venv
 	PYTHONPATH=$(CURDIR) $(VPY) tests/dockerpy/check.py $(ARGS)
+
+# docs/hooks.md's remote-sandbox recipes (Daytona, E2B, Modal, Prime Intellect, plain HTTP)
+# against each provider's package from PyPI, each in a venv of its own under build/recipes/
+# (tests/recipes/check.py; docs/hooks.md, "How these were checked"). It needs PyPI and root
+# (unshare -n): never part of `make test`. RECIPES_LATEST=1: each package's newest release
+# instead of the version the page names. ARGS: check.py's options (--only daytona,http).
+.PHONY: test-recipes
+test-recipes: apt
+	$(PYTHON) tests/recipes/check.py --python $(PYTHON) $(if $(RECIPES_LATEST),--latest) $(ARGS)

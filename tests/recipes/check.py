@@ -15,6 +15,7 @@ The SDK is in the venv, not here: probe.py runs there."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import json
 import os
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from unittest import mock
 
 from page import (
@@ -39,7 +41,9 @@ from page import (
     this_exitwatch,
 )
 
-PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROBE = os.path.join(HERE, "probe.py")
+MODAL_STANDIN = os.path.join(HERE, "modal_standin.py")
 
 # What a failure says, read from the last lines of its output.
 ARGUMENTS = re.compile(
@@ -51,7 +55,7 @@ NETWORK = re.compile(
     r"Network is unreachable|ConnectionError|Could not resolve host|connect to server",
     re.I,
 )
-CREDENTIALS = re.compile(r"\b401\b|unauthori[sz]ed|authentication|credentials", re.I)
+CREDENTIALS = re.compile(r"\b401\b|unauthori[sz]ed|authentication|credentials|AuthError", re.I)
 NOT_FOUND = re.compile(r"\b404\b|not found|NotFound", re.I)
 
 
@@ -279,22 +283,47 @@ def check_provider(name: str, tally: Tally, latest: bool, python: str, stand_in:
             )
             rc, out, secs = run_entry(entry, home, {}, offline=True)
             expect(tally, f"{entry['kind']}, network cut", rc, out, secs, "network")
-            if not provider.url_env:
-                continue
-            url = {provider.url_env: stand_in.url + provider.url_path}
             for status, want in (
                 (401, "credentials"),
                 (404, "done" if entry["kind"] == "hook" else "not found"),
             ):
-                stand_in.status, before = status, len(stand_in.seen)
-                rc, out, secs = run_entry(entry, home, url, offline=False)
-                asked = stand_in.seen[before:]
+                with answering(provider, py, stand_in, status) as (url, calls):
+                    rc, out, secs = run_entry(entry, home, url, offline=False)
                 expect(tally, f"{entry['kind']}, API answering {status}", rc, out, secs, want)
+                # A bogus key may be refused before any call names the sandbox (Modal's is).
+                reached = calls if status == 401 else [c for c in calls if SANDBOX_ID in c]
                 tally.check(
-                    any(SANDBOX_ID in path for _, path, _ in asked),
+                    bool(reached),
                     f"{entry['kind']}, API answering {status}: the call reached it",
-                    "; ".join(f"{m} {p.split('?')[0]}" for m, p, _ in asked)[:200],
+                    "; ".join(calls)[:200],
                 )
+
+
+@contextlib.contextmanager
+def answering(
+    provider: Provider, py: str, stand_in: StandIn, status: int
+) -> Iterator[tuple[dict[str, str], list[str]]]:
+    """The provider's API stood in for, answering `status` (401 or 404; for a gRPC API,
+    UNAUTHENTICATED or NOT_FOUND): the environment that sends its SDK there, and the list
+    of the calls it got (filled in when the block ends), one string each."""
+    calls: list[str] = []
+    if not provider.grpc:
+        stand_in.status, before = status, len(stand_in.seen)
+        yield {provider.url_env: stand_in.url + provider.url_path}, calls
+        calls += [f"{m} {p.split('?')[0]}" for m, p, _ in stand_in.seen[before:]]
+        return
+    grpc_status = {401: "UNAUTHENTICATED", 404: "NOT_FOUND"}[status]
+    server = subprocess.Popen(
+        [py, "-I", MODAL_STANDIN, grpc_status], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = server.stdout.readline().strip()
+        yield {provider.url_env: f"http://127.0.0.1:{port}"}, calls
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+        calls += [line for line in out.splitlines() if line.strip()]
 
 
 def check_http(tally: Tally, stand_in: StandIn) -> None:

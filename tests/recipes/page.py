@@ -26,13 +26,15 @@ class Provider:
     creds: tuple[str, ...]  # the environment variables its recipe reads
     url_env: str = ""  # where its SDK takes the API's address: the stand-in's goes there
     url_path: str = ""  # the path the SDK expects under that address
+    grpc: bool = False  # its API is gRPC: tests/recipes/modal_standin.py stands in for it
 
 
 PROVIDERS = {
     "daytona": Provider("Daytona", ("daytona",), ("DAYTONA_API_KEY",), "DAYTONA_API_URL", "/api"),
     "e2b": Provider("E2B", ("e2b",), ("E2B_API_KEY",), "E2B_API_URL"),
-    # gRPC: no stand-in here; MODAL_SERVER_URL is left alone.
-    "modal": Provider("Modal", ("modal",), ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET")),
+    "modal": Provider(
+        "Modal", ("modal",), ("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"), "MODAL_SERVER_URL", grpc=True
+    ),
     "prime": Provider(
         "Prime Intellect", ("prime-sandboxes", "prime"), ("PRIME_API_KEY",), "PRIME_API_BASE_URL"
     ),

@@ -77,13 +77,29 @@ def bind_calls(source: str) -> list[str]:
 EXTENDS = re.compile(r"timeout|extend|keep.?alive|renew|lifetime|ttl", re.I)
 
 
+def binds(cls: type, delete: str, lease: str, *args: object, **kwargs: object) -> tuple[bool, str]:
+    """The methods the page's DELETE and LEASE call on the sandbox that a lookup returns
+    (the stand-in's 404 ends both at the lookup): the first with no argument, the second
+    with the page's."""
+    what = f"Sandbox.{delete}() and Sandbox.{lease}(...) take the page's arguments"
+    try:
+        inspect.signature(getattr(cls, delete)).bind(None)
+        inspect.signature(getattr(cls, lease)).bind(None, *args, **kwargs)
+    except (AttributeError, TypeError) as err:
+        return False, f"{what}: {err}"
+    return True, what
+
+
 def claims(name: str) -> list[tuple[bool, str]]:
     """What the page says each SDK has, or lacks, to renew a sandbox's timer."""
     if name == "daytona":
         from daytona import Sandbox
 
         have = ("set_ttl", "refresh_activity", "set_autostop_interval")
-        return [(all(hasattr(Sandbox, m) for m in have), f"Sandbox has {', '.join(have)}")]
+        return [
+            (all(hasattr(Sandbox, m) for m in have), f"Sandbox has {', '.join(have)}"),
+            binds(Sandbox, "delete", "set_ttl", 10),
+        ]
     if name == "e2b":
         from e2b import Sandbox
 
@@ -95,10 +111,11 @@ def claims(name: str) -> list[tuple[bool, str]]:
         calls = [n for n in dir(modal.Sandbox) if not n.startswith("_") and EXTENDS.search(n)]
         asks = [n for n in dir(api_pb2) if n.startswith("Sandbox") and EXTENDS.search(n)]
         return [
+            binds(modal.Sandbox, "terminate", "exec", "true", timeout=30),
             (
                 not calls and not asks,
                 f"no call renews a sandbox's timeout: {calls + asks or 'none'}",
-            )
+            ),
         ]
     if name == "prime":
         from prime_sandboxes import SandboxClient

@@ -6,10 +6,11 @@ For each provider: a venv of its own under build/recipes/ with the version the p
 (the newest with --latest); the page's creation block bound against the SDK's signatures;
 its hook-and-lease block run as written, this checkout's exitwatch writing into spools of
 its own; then each hook and lease read back from the spool and run as the agent runs them
-(a minimal environment plus theirs, an empty HOME, their timeout), with a bogus key: with
-the network cut it must fail on the network, against a local stand-in of the provider's
-HTTP API answering 401 on the credentials, answering 404 the hook must succeed and the
-lease fail on "not found". The page's plain HTTP recipe runs against the stand-in alone.
+(the agent's own spawn code: a minimal environment plus theirs, an empty HOME, their
+timeout), with a bogus key: with the network cut it must fail on the network; against a
+local stand-in of the provider's API (HTTP, or gRPC for Modal: modal_standin.py) refusing
+the key, on the credentials; answering "not found", the hook must succeed and the lease
+fail on "not found". The page's plain HTTP recipe runs against the HTTP stand-in alone.
 The SDK is in the venv, not here: probe.py runs there."""
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import contextlib
 import http.server
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from unittest import mock
 
@@ -117,48 +118,28 @@ def entries(spool_env: dict[str, str]) -> list[dict]:
         ("EXITWATCH_LEASE_DIR", "lease", "lease.json"),
     ):
         for entry in sorted(os.listdir(spool_env[var])):
-            with open(os.path.join(spool_env[var], entry, name), encoding="utf-8") as f:
-                found.append({"kind": kind, **json.load(f)})
+            path = os.path.join(spool_env[var], entry, name)
+            with open(path, encoding="utf-8") as f:
+                found.append({"kind": kind, "uid": os.stat(path).st_uid, **json.load(f)})
     return found
 
 
 def run_entry(
     entry: dict, home: str, extra: dict[str, str], offline: bool
 ) -> tuple[int | None, str, float]:
-    """Run a hook or a lease as the agent would (docs/hooks.md, "How a hook runs"): the
-    minimal environment, then its own, then the owner's variable; killed at its timeout."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": home,
-        "USER": "root",
-        "LANG": "C.UTF-8",
-    }
-    env.update(entry["env"])
-    env.update(extra)
-    env["EXITWATCH_DEAD_OWNER" if entry["kind"] == "hook" else "EXITWATCH_LEASE_OWNER"] = entry[
-        "owner"
-    ]
+    """Run a hook or a lease with the agent's own code (docs/hooks.md, "How a hook runs"):
+    as the user of the entry's file, the minimal environment, then the entry's, then the
+    owner's variable; in its directory, its own process group killed at its timeout. HOME
+    is an empty directory, as /root and /home are hidden under exitwatch.service."""
+    from exitwatch.kinds.spool.spawn import environment, run_as
+
+    user = pwd.getpwuid(entry["uid"])
+    owner = "EXITWATCH_DEAD_OWNER" if entry["kind"] == "hook" else "EXITWATCH_LEASE_OWNER"
+    env = environment(user, {**entry["env"], **extra, owner: entry["owner"]})
+    env["HOME"] = home
     argv = (["unshare", "-n"] if offline else []) + entry["argv"]
-    start = time.monotonic()
-    try:
-        done = subprocess.run(
-            argv,
-            env=env,
-            cwd=entry["cwd"] or home,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=entry["timeout"],
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as err:
-        out = (err.stdout or b"") + (err.stderr or b"")
-        return (
-            None,
-            out.decode(errors="replace") if isinstance(out, bytes) else out,
-            time.monotonic() - start,
-        )
-    return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+    ran = run_as(user, argv, env, entry["cwd"], entry["timeout"])
+    return (None if ran.timed_out else ran.returncode), ran.tail, ran.seconds
 
 
 def last_line(output: str) -> str:
@@ -379,6 +360,7 @@ def main() -> int:
         print("test-recipes: run as root (spools of root's, unshare -n)", file=sys.stderr)
         return 2
     only = [n for n in args.only.split(",") if n] or [*PROVIDERS, "http"]
+    this_exitwatch()  # the checkout's, on sys.path: its spawn code runs the entries
     tally, stand_in = Tally(), StandIn()
     os.makedirs(BUILD, exist_ok=True)
     for name in only:

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from recipes.page import blocks
 
 from exitwatch.owner import owner_of
 
@@ -29,9 +30,12 @@ DEADLINE = 30.0
 
 
 class Provider:
-    """A stand-in for a sandbox provider: each sandbox expires `ttl` seconds after it was
-    made or last kept alive (POST /sandboxes/NAME/keepalive); DELETE /sandboxes/NAME
-    deletes it. A sandbox expired or deleted answers 404 to both."""
+    """A stand-in for a sandbox provider's HTTP API, as docs/hooks.md's plain HTTP recipe
+    calls it: each sandbox expires `ttl` seconds after it was made or last renewed (POST
+    /sandboxes/NAME/timeout; the timeout the request asks for is not honoured, so that a
+    test's sandbox lives seconds, not minutes); DELETE /sandboxes/NAME deletes it. A
+    sandbox expired or deleted answers 404 to both; a request without the bearer token,
+    401."""
 
     def __init__(self) -> None:
         self.expires: dict[str, float] = {}  # name -> monotonic time it expires
@@ -48,6 +52,10 @@ class Provider:
 
             def do_POST(self) -> None:
                 name = self.path.split("/")[2]
+                length = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(length)
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self._answer(401)
                 with outer.lock:
                     outer.keepalives.setdefault(name, []).append(time.monotonic())
                     if not outer.alive(name):
@@ -57,6 +65,8 @@ class Provider:
 
             def do_DELETE(self) -> None:
                 name = self.path.split("/")[2]
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self._answer(401)
                 with outer.lock:
                     if not outer.alive(name):
                         return self._answer(404)
@@ -95,28 +105,24 @@ def provider() -> Iterator[Provider]:
     service.close()
 
 
-# The recipe of docs/hooks.md ("Remote sandboxes"), for a plain HTTP API: the lease extends
-# the provider's timer, the hook deletes, and a sandbox gone already (404) counts as deleted.
-RECIPE = """
-from exitwatch import on_death
-url = {url!r} + "/" + {name!r}
-keep = ["curl", "-fsS", "-X", "POST", url + "/keepalive"]
-lease = alive.while_alive(keep, every=1, timeout=5)
-DELETE = '''
-code=$(curl -sS -o /dev/null -w '%{{http_code}}' -X DELETE "$0") || exit 1
-[ "$code" = 200 ] || [ "$code" = 204 ] || [ "$code" = 404 ]
-'''
-hook = on_death(["sh", "-c", DELETE, url], timeout=10)
-ready()
-time.sleep(3600)
-"""
+TOKEN = "t0ken-of-the-test"
+
+
+def recipe(url: str, name: str) -> str:
+    """A runner that runs docs/hooks.md's plain HTTP recipe as the page has it (its lease
+    every second rather than every minute), then waits to be killed."""
+    [block] = blocks("Plain HTTP")
+    assert "every=60" in block
+    block = block.replace("every=60", "every=1")
+    head = f"import exitwatch\napi, sandbox_id, token = {url!r}, {name!r}, {TOKEN!r}\n"
+    return head + block + "\nready()\ntime.sleep(3600)\n"
 
 
 def test_a_sandbox_lives_by_its_lease_and_goes_within_a_second_of_sigkill(
     alive_agent, alive_spools, provider, tmp_path
 ):
     provider.create("sbx", ttl=2.5)
-    runner = Runner(RECIPE.format(url=provider.url, name="sbx"), alive_spools, tmp_path)
+    runner = Runner(recipe(provider.url.removesuffix("/sandboxes"), "sbx"), alive_spools, tmp_path)
     try:
         wait_for(lambda: runner.said("ready"), DEADLINE, "the runner's lease and hook")
         # Past its timer more than once over: alive only by its lease.
@@ -139,7 +145,7 @@ def test_a_sandbox_expires_on_its_own_timer_once_the_lease_stops_with_the_agent(
     alive_agent, alive_spools, provider, tmp_path
 ):
     provider.create("sbx2", ttl=2.5)
-    runner = Runner(RECIPE.format(url=provider.url, name="sbx2"), alive_spools, tmp_path)
+    runner = Runner(recipe(provider.url.removesuffix("/sandboxes"), "sbx2"), alive_spools, tmp_path)
     try:
         wait_for(lambda: len(provider.kept("sbx2")) >= 3, DEADLINE, "three keepalives")
         alive_agent.stop()  # the host's agent is gone (or the host): nobody keeps it alive now

@@ -263,7 +263,8 @@ def test_a_lease_never_runs_while_its_owner_cannot_be_read(
             assert len(said) == 1 and "Too many open files" in said[0]
             blind.clear()
             wait_for(ran.exists, DEADLINE, "a run once the owner can be read")
-            assert kind.health()["runs"] >= 1
+            # Counted once the run has ended, a moment after its file appeared.
+            wait_for(lambda: kind.health()["runs"] >= 1, DEADLINE, "the run counted")
         finally:
             kind.stop()
     finally:

@@ -174,7 +174,10 @@ def watchdog_case(check, who: str) -> None:
             problems += unrecorded(proc.pid, sig, wid)
         if problems:
             raise Failed("; ".join(problems))
-        return f"pid {proc.pid}, signal {sig}, {since_armed:.2f} s after it was armed"
+        return (
+            f"pid {proc.pid}, signal {sig}, {since_armed:.2f} to {since_start:.2f} s after "
+            "it was armed (from the end and the start of exitwatch watchdog)"
+        )
 
     check(f"{who}: an unpetted watchdog ends its owner (SIGTERM)", ended, term, 15, TIMEOUT)
     check(

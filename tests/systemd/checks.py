@@ -7,11 +7,11 @@ DEBS_DIR holds new/ (the .debs of the tree) and prev/ (the previous build, its v
 lowered so that new/ is an upgrade over it). Each check prints one line, `PASS name (what
 was seen)` or `FAIL name: what was seen instead`, and the last line is `checks done`; vm.sh
 counts them. The checks run in the order a host lives through: the package installed and
-upgraded, the sources, a reap of each kind for root and two users, the unit's life
-(reload, restart, stop, SIGKILL, the watchdog), exitwatch-adopt and docs/adopt.md's three
-recipes as written, that no agent died of a signal the checks did not mean (the journal),
-then the package removed and purged. A failed check is reported and
-the next ones run all the same, each from what is really there."""
+upgraded, the sources, a reap of each kind for root and two users, a user's watchdogs and
+lease (alive.py), the unit's life (reload, restart, stop, SIGKILL, the watchdog),
+exitwatch-adopt and docs/adopt.md's three recipes as written, that no agent died of a
+signal the checks did not mean (the journal), then the package removed and purged. A failed
+check is reported and the next ones run all the same, each from what is really there."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import sys
 import time
 import traceback
 
+from alive import lease_case, spools, watchdog_case
 from guest import (
     IMAGE,
     Failed,
@@ -385,6 +386,7 @@ def main() -> int:
     check("an edited config.toml and a hook in the spool", before_upgrade)
     check("upgrade to the tree's build keeps config and spool", upgrade, debs)
     check("a hook registered before the upgrade runs after it", hook_after_upgrade)
+    check("the spools of hooks, leases and watchdogs: root's, 1733", spools)
     check("the source without exitwatch-bpf is netlink", source_is, "netlink")
     owner_case(check, "root", "netlink")
     check("installing exitwatch-bpf restarts the agent onto ebpf", install_bpf, debs)
@@ -393,6 +395,8 @@ def main() -> int:
     for who in ("root", "alice", "bob"):
         owner_case(check, who, "ebpf")
         run_case(check, who)
+    watchdog_case(check, "alice")
+    lease_case(check, "alice")
     check("systemctl reload exitwatch keeps MainPID and the unit active", reload)
     check("systemctl restart exitwatch", restart)
     check("systemctl stop, then start", stop_start)

@@ -171,10 +171,30 @@ def journal_cursor() -> str:
     return text.rsplit("cursor: ", 1)[-1] if "cursor: " in text else ""
 
 
+def entries(cursor: str = "", unit_name: str = "exitwatch") -> list[tuple[str, str]]:
+    """The unit's journal entries after `cursor` (or in this boot): (`IDENT[PID]`, message)
+    each. Not `--after-cursor`: with a match (-u), systemd before 255 (bookworm's 252)
+    skips the first matching entry after the cursor too (systemd #30288), and the agent's
+    first line after a check's cursor was lost; `--cursor` keeps it, and the cursor's own
+    entry is left out here."""
+    argv = ["journalctl", "--no-pager", "-o", "json", "-u", unit_name]
+    argv += ["--output-fields=MESSAGE,SYSLOG_IDENTIFIER,_PID"]
+    argv += ["--cursor", cursor] if cursor else ["-b"]
+    found = []
+    for line in out(argv).splitlines():
+        entry = json.loads(line)
+        if cursor and entry.get("__CURSOR") == cursor:
+            continue
+        message = entry.get("MESSAGE") or ""
+        if isinstance(message, list):  # not UTF-8: journalctl gives its bytes
+            message = bytes(message).decode(errors="replace")
+        found.append((f"{entry.get('SYSLOG_IDENTIFIER')}[{entry.get('_PID')}]", message))
+    return found
+
+
 def journal(cursor: str = "", unit_name: str = "exitwatch") -> str:
-    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit_name]
-    argv += ["--after-cursor", cursor] if cursor else ["-b"]
-    return out(argv)
+    """The messages alone (journalctl -o cat), after `cursor` or in this boot."""
+    return "\n".join(message for _who, message in entries(cursor, unit_name))
 
 
 # The deaths by signal that the checks cause on purpose, by (unit, signal name as systemd
@@ -196,8 +216,7 @@ def unmeant_deaths(cursor: str, units: tuple[str, ...]) -> tuple[list[str], list
     SIGABRTs meant), and what was seen."""
     problems, seen = [], []
     for name in units:
-        argv = ["journalctl", "--no-pager", "-o", "short", "-u", name]
-        text = out(argv + (["--after-cursor", cursor] if cursor else ["-b"]))
+        text = "\n".join(f"{who}: {message}" for who, message in entries(cursor, name))
         deaths = collections.Counter(m.group(1) for m in _DEATH.finditer(text))
         fatal = [f"pid {m.group(1)}: {m.group(2)}" for m in _FATAL.finditer(text)]
         meant = collections.Counter({sig: n for (u, sig), n in MEANT.items() if u == name})

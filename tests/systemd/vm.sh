@@ -24,11 +24,11 @@
 #    throwaway qcow2 overlay (the cached image is never written). Its only network is
 #    qemu's user network with restrict=on: the guest reaches nothing, not even the host,
 #    and the host reaches its sshd by a port forward on 127.0.0.1 alone.
-# 4. The checks (tests/systemd/checks.py, kinds.py, recipes.py, adoptdoc.py, guest.py),
-#    copied in with the .debs and the tree's docs/adopt.md (whose recipes they type as
-#    written), and run as root over ssh with the image's key. Each prints PASS or FAIL; the
-#    last line of this script is "N passed, N failed", and it exits non-zero on any FAIL,
-#    or when the checks did not run to their end.
+# 4. The checks (tests/systemd/checks.py, kinds.py, alive.py, recipes.py, adoptdoc.py,
+#    guest.py), copied in with the .debs and the tree's docs/adopt.md (whose recipes they
+#    type as written), and run as root over ssh with the image's key. Each prints PASS or
+#    FAIL; the last line of this script is "N passed, N failed", and it exits non-zero on
+#    any FAIL, or when the checks did not run to their end.
 # 5. Whatever happens (a failure, ^C), the trap stops the VM and removes the overlay.
 #
 # The run's console, the checks' output and the guest's journal stay in $CACHE/last/.
@@ -204,7 +204,7 @@ boot() {
 # -- 4. the checks -----------------------------------------------------------------------------
 
 checks() {
-    tar -C "$here" -c checks.py guest.py kinds.py recipes.py adoptdoc.py \
+    tar -C "$here" -c checks.py guest.py kinds.py alive.py recipes.py adoptdoc.py \
         -C "$top/docs" adopt.md -C "$run" debs |
         "${SSH[@]}" 'rm -rf /root/rig && mkdir /root/rig && tar -C /root/rig -x'
     local rc=0

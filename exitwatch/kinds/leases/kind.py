@@ -262,7 +262,7 @@ class Leases(SpoolKind):
         """Run the lease once, if its owner lives: (how it went, why), "ok", "failures",
         "stopped" (its owner died, or the agent stops) or "unreadable" (none made: whether
         its owner lives could not be told); None when none was made (its owner is dead,
-        the lease went or changed)."""
+        the lease went, or is another user's now)."""
         try:
             pidfd = owners.pidfd(entry.owner)
         except OSError as err:  # proves nothing: the next run tries again
@@ -284,9 +284,14 @@ class Leases(SpoolKind):
             except EntryError as err:
                 return ("failures", f"refused: {err}")
             try:
-                if opened.entry != entry:
-                    return None  # changed since: the next look at the spool has the new one
+                if opened.entry.uid != entry.uid:
+                    return None  # another user's now (this one's went): a lease of its own
+                if opened.entry.owner != entry.owner:
+                    why = f"its file now names owner {opened.entry.owner}, not {entry.owner}"
+                    return ("failures", f"refused: {why}: add a lease for that owner instead")
                 check_again(FORMAT, opened, dir_fd)
+                if opened.entry != entry:
+                    self._replaced(entry, opened.entry)
                 user = pwd.getpwuid(entry.uid)
                 env = spawn.environment(user, opened.body["env"])
                 env[ENV_LEASE_OWNER] = str(entry.owner)
@@ -307,6 +312,15 @@ class Leases(SpoolKind):
         if ran.stopped:  # its owner died, or the agent stops: not the lease's failure
             return ("stopped", ran.describe())
         return ("failures", f"failed: {ran.describe()}; output: {ran.tail[-200:]!r}")
+
+    def _replaced(self, old: Entry, new: Entry) -> None:
+        """The lease's file was replaced by its user (a rename over it, which raises no
+        event in the spool), for the same owner: the new one runs from now on, at its own
+        interval. Skipping it until the next whole listing would stop the lease, unsaid."""
+        with self._cond:
+            lease = self._leases.get(old.key)
+            if lease is not None and lease.entry == old:
+                lease.entry = new
 
     # -- removal: the owner is dead ----------------------------------------------------------
 

@@ -39,9 +39,7 @@ def looks(monkeypatch):
     entry = Entry("watchdog", "0" * 32, OWNER, "x", None, 1000, 1, 1, 1, (TIMEOUT, 10.0, ""))
     now = {"mono": 0.0}
     monkeypatch.setattr(kind.time, "time", lambda: clocks.wall(now["mono"]))
-    armed = _Armed(entry, (0, 0), 0.0, 0.0, TIMEOUT)
-    if hasattr(armed, "looked_wall"):
-        armed.looked_wall = clocks.wall(0.0)
+    armed = _Armed(entry, (0, 0), 0.0, clocks.wall(0.0), 0.0, TIMEOUT)
     dogs._armed[entry.key] = armed
     stamp = {"ctime": 0}
     monkeypatch.setattr(dogs, "_stamp", lambda e: (stamp["ctime"], stamp["ctime"]))

@@ -86,6 +86,7 @@ class _Armed:
     entry: Entry
     stamp: tuple[int, int]  # the file's (ctime, mtime) in ns when last looked at
     looked: float  # monotonic time of that look
+    looked_wall: float  # the wall clock at that look
     pet: float  # monotonic time of the last pet, as near as the look can tell
     due: float
     fired: _Fired | None = None
@@ -158,7 +159,7 @@ class Watchdogs(SpoolKind):
         now = time.monotonic()
         # No stamp yet: the first look reads the file's change time as a pet, held within
         # [now, that look], which is right whether it was petted since or not.
-        armed = _Armed(entry, (0, 0), now, now, now + entry.detail[0])
+        armed = _Armed(entry, (0, 0), now, time.time(), now, now + entry.detail[0])
         self._armed[entry.key] = armed
         heapq.heappush(self._heap, (armed.due, entry.key))
 
@@ -207,14 +208,19 @@ class Watchdogs(SpoolKind):
         if stamp is None:  # cannot be read now: proves nothing
             self._later(armed, now + AGAIN)
             return
+        wall = time.time()
         if stamp != armed.stamp:
-            # Petted since the last look. The change time is the kernel's clock at the pet,
-            # which the pet's writer cannot set; translated to the monotonic clock, and held
-            # within the two looks (a step of the wall clock must not move it further).
-            ago = time.time() - stamp[0] / 1e9
-            armed.pet = min(now, max(armed.looked, now - ago))
+            # Petted since the last look. The change time is the kernel's wall clock at the
+            # pet, which the pet's writer cannot set; translated to the monotonic clock
+            # twice: as so long before this look, and as so long after the last one. A step
+            # of the wall clock between the two looks makes one of them early and leaves the
+            # other right, or late: the later is never earlier than the pet (an owner that
+            # petted just before a step forward is not ended for it). Held within the looks.
+            ctime = stamp[0] / 1e9
+            after_last = armed.looked + (ctime - armed.looked_wall)
+            armed.pet = min(now, max(armed.looked, now - (wall - ctime), after_last))
             armed.stamp = stamp
-        armed.looked = now
+        armed.looked, armed.looked_wall = now, wall
         due = armed.pet + armed.entry.detail[0] + COARSE
         if due > now:
             self._later(armed, due)

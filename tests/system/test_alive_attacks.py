@@ -27,6 +27,7 @@ from support.agentproc import Agent, agent_argv
 from support.hooks import REPO
 from support.procs import state, wait_for
 from support.users import SYSTEM_PYTHON, as_user, setpriv_argv, temporary_user
+from support.wrapper import env_for, run
 
 DEADLINE = 30.0  # for a correct agent on a loaded machine
 PROMPT = 2.0  # how late another user's lease may run while one user's leases hog the agent
@@ -505,3 +506,21 @@ def test_another_user_cannot_keep_a_user_from_arming_a_watchdog(
     argv = [SYSTEM_PYTHON, "-I", "-S", "-c", _ARM, str(REPO), str(owner.pid)]
     done = subprocess.run(setpriv_argv(attacker, *argv), capture_output=True, text=True, cwd="/")
     assert done.returncode == 0, done.stderr[-400:]
+
+
+# -- `exitwatch run --max-time` with --idle-timeout: re-armed for what is left ------------------
+
+
+def test_a_runs_max_time_rearmed_for_what_is_left_ends_it_then(spools, agent_for, bases):
+    """`exitwatch run --max-time 8 --idle-timeout 7.5`: CMD writes at 1 s, when the maximum
+    time becomes the nearer end; the wrapper arms the watchdog again for the 7 s left. The
+    run ends at about 8 s (the re-arming counts as a pet when it was made), not when the
+    agent next looked at the file (the old timeout, 7.5 s) plus 7 s."""
+    agent = agent_for()
+    script = "echo start; sleep 1; echo more; exec sleep 1000"
+    env = env_for(bases)
+    started = time.monotonic()
+    done = run(["--max-time", "8", "--idle-timeout", "7.5", "--", "sh", "-c", script], env)
+    took = time.monotonic() - started
+    assert "ended by its watchdog" in agent.text(), (done.stderr, agent.text())
+    assert took < 8 + 3.0, (took, agent.text())

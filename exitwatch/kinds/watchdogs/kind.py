@@ -268,8 +268,13 @@ class Watchdogs(SpoolKind):
 
     def _rearmed(self, dir_fd: int, entry: Entry) -> None:
         """Its file was replaced (armed again, perhaps with another timeout), which raises
-        no event in the spool: read now, and armed anew (a pet), rather than at the next
-        whole listing. One refused is not armed; the listing says why."""
+        no event in the spool: read now, and armed anew, rather than at the next whole
+        listing. One refused is not armed; the listing says why.
+
+        The new file is a pet made when it was written, not when this look saw it (a look
+        comes at the old timeout's end): it is looked at again at once, its change time
+        read as a pet since the last look. `exitwatch run --max-time`, armed again for
+        what is left of it, then ends when that runs out, not an old timeout later."""
         try:
             opened = read_entry(FORMAT, KIND, dir_fd, entry.key)
         except (FileNotFoundError, EntryError):
@@ -277,7 +282,12 @@ class Watchdogs(SpoolKind):
             return
         opened.close()
         if opened.entry.owner == entry.owner and opened.entry.uid == entry.uid:
+            old = self._armed.get(entry.key)
             self._arm(opened.entry)
+            new = self._armed.get(entry.key)
+            if old is not None and new is not None and new is not old:
+                new.looked, new.looked_wall, new.pet = old.looked, old.looked_wall, old.looked
+                self._later(new, time.monotonic())
         else:
             self._armed.pop(entry.key, None)
 

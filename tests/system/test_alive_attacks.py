@@ -95,7 +95,7 @@ def procs() -> Iterator:
     started: list[subprocess.Popen] = []
 
     def start(argv: list[str], **popen) -> subprocess.Popen:
-        started.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, **popen))
+        started.append(subprocess.Popen(argv, **({"stdin": subprocess.DEVNULL} | popen)))
         return started[-1]
 
     yield start
@@ -524,3 +524,51 @@ def test_a_runs_max_time_rearmed_for_what_is_left_ends_it_then(spools, agent_for
     took = time.monotonic() - started
     assert "ended by its watchdog" in agent.text(), (done.stderr, agent.text())
     assert took < 8 + 3.0, (took, agent.text())
+
+
+# -- a thousand firings at once --------------------------------------------------------------
+
+# Starts argv[2] processes and arms a watchdog (argv[3] s, grace argv[4] s) on each through
+# alive.watchdog, as the calling user; says "armed", then waits for its stdin to close.
+_ARM_MANY = """
+import subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from exitwatch.alive import watchdog
+kids = [subprocess.Popen(["sleep", "1000"]) for _ in range(int(sys.argv[2]))]
+for kid in kids:
+    watchdog(float(sys.argv[3]), pid=kid.pid, grace=float(sys.argv[4]))
+print("armed", flush=True)
+sys.stdin.read()
+for kid in kids:
+    kid.kill()
+    kid.wait()
+"""
+
+
+def test_a_thousand_firings_at_once_never_stop_the_watchdogs(
+    spools, agent_for, procs, attacker, other_user
+):
+    """A and B each arm 600 watchdogs (2 s, grace 4 s) on as many processes of theirs, all
+    due at once: the agent holds a pidfd of each fired owner through its grace, more than
+    1024 descriptors. Every grace runs out (select() takes no fd past 1023), and a
+    watchdog armed after them still fires."""
+    agent = agent_for()
+    armers = []
+    for user in (attacker, other_user):
+        argv = [SYSTEM_PYTHON, "-I", "-S", "-c", _ARM_MANY, str(REPO), "600", "2", "4"]
+        armers.append(
+            procs(setpriv_argv(user, *argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/")
+        )
+    try:
+        for armer in armers:
+            assert armer.stdout.readline() == b"armed\n"
+        wait_for(lambda: agent.status()["watchdogs"]["fired"] == 1200, DEADLINE, "the 1200 firings")
+        # Due once every grace has run out (4 s after its firing, all made by now).
+        late, owner = sleeper_as(procs, attacker)
+        later = dog(owner, timeout=6.0)
+        add_as(attacker, spools[1], watchdog_id(owner, attacker.pw_uid), WATCHDOG_FILE, later)
+        wait_for(lambda: gone(late), DEADLINE, f"a later watchdog to fire:\n{agent.text()[-3000:]}")
+        assert "Traceback" not in agent.text(), agent.text()[-3000:]
+    finally:
+        for armer in armers:
+            armer.stdin.close()

@@ -206,7 +206,13 @@ class Watchdogs(SpoolKind):
                     due, key = heapq.heappop(self._heap)
                     armed = self._armed.get(key)
                     if armed is not None and armed.due == due:
-                        self._look(armed, now)
+                        try:
+                            self._look(armed, now)
+                        except Exception as err:  # one look's surprise must not end them all
+                            if armed.entry.key not in self._said:  # its traceback, once
+                                log.exception("%s: its look failed", self.what(armed.entry))
+                            self._unreadable(armed.entry, f"{type(err).__name__}: {err}")
+                            self._later(armed, now + AGAIN)
                 timeout = self._heap[0][0] - now if self._heap else None
                 self._cond.wait(timeout)
 
@@ -384,7 +390,12 @@ class Watchdogs(SpoolKind):
         assert fired is not None
         if not fired.done:
             fired.done = True
-            exited = bool(select.select([fired.pidfd], [], [], 0)[0])
+            # poll, not select: the agent may hold more than 1024 descriptors (a pidfd per
+            # owner in its grace, a thousand of one user's at once), and select() takes none
+            # past 1023 (ValueError, which would end this thread and every watchdog with it).
+            poller = select.poll()
+            poller.register(fired.pidfd, select.POLLIN)
+            exited = bool(poller.poll(0))
             if not exited:
                 try:
                     signal.pidfd_send_signal(fired.pidfd, signal.SIGKILL)

@@ -104,9 +104,10 @@ class _Fired:
 # The agent's reload (SIGHUP) makes its kinds anew in the same process: what one stopped
 # watchdog kind knew, the next one started takes on. The pets seen, so that a reload is no
 # pet (an owner that hangs would live one timeout more at each); and the owners in their
-# grace, whose SIGKILL is due all the same (one ignoring SIGTERM would escape it). The first
-# listing of the new kind drops what its spool does not hold, but for those in their grace.
-_handed: dict[str, _Armed] = {}
+# grace, whose SIGKILL is due all the same (one ignoring SIGTERM would escape it). By spool
+# path (agents of a test session share a process); the first listing of the new kind drops
+# what its spool does not hold, but for those in their grace.
+_handed: dict[str, dict[str, _Armed]] = {}
 _handed_lock = threading.Lock()
 
 
@@ -134,10 +135,9 @@ class Watchdogs(SpoolKind):
     def start(self, notify: Notify) -> None:
         self._notify = notify
         with _handed_lock, self._cond:
-            for key, armed in _handed.items():
+            for key, armed in _handed.pop(self.path, {}).items():
                 self._armed[key] = armed
                 heapq.heappush(self._heap, (armed.due, key))
-            _handed.clear()
         self._thread = threading.Thread(target=self._timer, name="exitwatch-watchdogs", daemon=True)
         self._thread.start()
 
@@ -186,7 +186,7 @@ class Watchdogs(SpoolKind):
         super().stop()
         with _handed_lock, self._cond:
             self._stopping = True  # the timer acts no more: what it followed is handed on
-            _handed.update(self._armed)
+            _handed[self.path] = dict(self._armed)
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(2.0)

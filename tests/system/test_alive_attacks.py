@@ -616,3 +616,55 @@ def test_a_watchdog_armed_again_with_a_shorter_timeout_fires_at_it(
         assert done.returncode == 0, done.stderr
         wait_for(lambda: agent.status()["watchdogs"]["armed"] == 1, DEADLINE, "it armed")
     wait_for(lambda: gone(victim), 15, "the watchdog armed again for 1 s to fire")
+
+
+# -- symlinks, FIFOs and hardlinks in the lease and watchdog spools -------------------------
+
+# Makes, as the user, in spool $1: entry $2 whose file ($5) is a FIFO, entry $3 whose file
+# is a symlink to a good file of the user's ($6), entry $4 whose file is a hard link to it;
+# each made under a dot name and renamed into place, as add_entry does.
+_PLANT_BAD = """
+set -e
+cd "$1"
+mkdir -m 700 ".$2" ".$3" ".$4"
+mkfifo -m 600 ".$2/$5"
+ln -s "$6" ".$3/$5"
+ln "$6" ".$4/$5"
+mv ".$2" "$2"; mv ".$3" "$3"; mv ".$4" "$4"
+"""
+
+
+@pytest.mark.parametrize("spool_kind", ["lease", "watchdog"])
+def test_fifos_symlinks_and_hardlinks_in_the_spools_are_refused(
+    spools, agent_for, procs, attacker, out, spool_kind
+):
+    """A's entries whose file is a FIFO (the agent must not block on it), a symlink and a
+    hard link, to a good file of A's: each refused by name; A's good entry beside them
+    acts (a lease runs, a watchdog fires)."""
+    leases, dogs = spools
+    spool, file = (leases, LEASE_FILE) if spool_kind == "lease" else (dogs, WATCHDOG_FILE)
+    agent = agent_for()
+    victim, owner = sleeper_as(procs, attacker)
+    ran = out / "ran"
+    content = (
+        lease(owner, ["touch", str(ran)]) if spool_kind == "lease" else dog(owner, timeout=2.0)
+    )
+    good = out / "good.json"
+    good.write_text(json.dumps(content))
+    os.chown(good, attacker.pw_uid, attacker.pw_gid)
+    os.chmod(good, 0o600)
+    fifo, link, hard = entry_id(11), entry_id(12), entry_id(13)
+    made = as_user(attacker, _PLANT_BAD, str(spool), fifo, link, hard, file, str(good))
+    assert made.wait(10) == 0
+    for name, why in [
+        (fifo, f"its {file} is a FIFO"),
+        (link, f"its {file} is a symlink"),
+        (hard, f"its {file} has 2 links, not 1"),
+    ]:
+        wait_for(lambda n=name, w=why: f"{n}: refused: {w}" in agent.text(), DEADLINE, why)
+    wait_for(lambda: not ran.exists() and not gone(victim), 1, "nothing acted")
+    add_as(attacker, spool, entry_id(14), file, content)
+    if spool_kind == "lease":
+        wait_for(ran.exists, DEADLINE, "the good lease to run")
+    else:
+        wait_for(lambda: gone(victim), DEADLINE, "the good watchdog to fire")

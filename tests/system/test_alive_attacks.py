@@ -21,6 +21,7 @@ import pytest
 
 from exitwatch.alive import LEASE_FILE, WATCHDOG_FILE, watchdog_id
 from exitwatch.kinds.spool.entry import ensure_spool
+from exitwatch.kinds.watchdogs.kind import Watchdogs
 from exitwatch.owner import Owner, owner_of
 
 from support.agentproc import Agent, agent_argv
@@ -668,3 +669,33 @@ def test_fifos_symlinks_and_hardlinks_in_the_spools_are_refused(
         wait_for(ran.exists, DEADLINE, "the good lease to run")
     else:
         wait_for(lambda: gone(victim), DEADLINE, "the good watchdog to fire")
+
+
+def test_a_look_at_a_pet_never_follows_a_symlink_in_place_of_the_entry(
+    spools, procs, attacker, tmp_path
+):
+    """A moves its armed watchdog's directory out of the spool and leaves a symlink to it
+    in its place (a user owns their entry's name in the sticky spool): the agent's look at
+    the pet, as root, must not follow it. The file is the very one armed, so only the
+    path says so: the watchdog is taken as replaced (and dropped), not petted through the
+    link."""
+    _, dogs = spools
+    _, owner = sleeper_as(procs, attacker)
+    wid = watchdog_id(owner, attacker.pw_uid)
+    add_as(attacker, dogs, wid, WATCHDOG_FILE, dog(owner, timeout=60.0))
+    kind = Watchdogs(str(dogs))
+    (entry,) = kind.scan().resources
+    with kind._cond:
+        kind._arm(entry)
+        assert kind._stamp(entry) is not None  # the file itself, through its directory
+    away = Path(tempfile.mkdtemp(prefix="exitwatch-away-", dir=dogs.parent))
+    try:
+        os.chown(away, attacker.pw_uid, attacker.pw_gid)
+        swap = 'mv "$1/$2" "$3/" && ln -s "$3/$2" "$1/$2"'
+        moved = as_user(attacker, swap, str(dogs), wid, str(away))
+        assert moved.wait(10) == 0
+        with kind._cond:
+            assert kind._stamp(entry) is None
+            assert entry.key not in kind._armed
+    finally:
+        shutil.rmtree(away)

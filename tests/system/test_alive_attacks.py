@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from exitwatch import alive
 from exitwatch.alive import LEASE_FILE, WATCHDOG_FILE, watchdog_id
 from exitwatch.kinds.spool.entry import ensure_spool
 from exitwatch.kinds.watchdogs.kind import Watchdogs
@@ -699,3 +700,28 @@ def test_a_look_at_a_pet_never_follows_a_symlink_in_place_of_the_entry(
             assert entry.key not in kind._armed
     finally:
         shutil.rmtree(away)
+
+
+def test_roots_pet_never_follows_a_symlink_a_user_left_in_the_spool(
+    spools, procs, attacker, tmp_path
+):
+    """Root arms a watchdog on a process of A's, and cancels it; A leaves a symlink by its
+    id (anyone can compute it) to a directory of A's holding a watchdog.json. Root's pet
+    (`exitwatch watchdog --pet --pid P`) must not follow it: A's file is left untouched,
+    and the pet says there is no watchdog."""
+    _, dogs = spools
+    _, owner = sleeper_as(procs, attacker)
+    armed = alive.watchdog(60.0, pid=owner.pid)
+    assert armed.cancel()
+    theirs = Path(tempfile.mkdtemp(prefix="exitwatch-theirs-"))
+    try:
+        (theirs / WATCHDOG_FILE).write_text("{}")
+        os.utime(theirs / WATCHDOG_FILE, (0, 0))
+        for path in (theirs, theirs / WATCHDOG_FILE):
+            os.chown(path, attacker.pw_uid, attacker.pw_gid)
+        link = as_user(attacker, 'ln -s "$2" "$1"', str(dogs / armed.id), str(theirs))
+        assert link.wait(10) == 0
+        assert not alive.find_watchdog(owner.pid).pet()
+        assert (theirs / WATCHDOG_FILE).stat().st_mtime == 0
+    finally:
+        shutil.rmtree(theirs)

@@ -9,6 +9,7 @@ kinds/watchdogs are the agent's side.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -195,9 +196,25 @@ class Watchdog:
         False when there is no such watchdog any more (cancelled, or its owner is dead)."""
         spool = open_spool(self._spool)
         try:
-            os.utime(f"{self.id}/{WATCHDOG_FILE}", dir_fd=spool, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
+            # Its directory through no symlink, and the caller's: once it is gone, anyone
+            # may put something by its name (its id can be computed) into the spool.
+            flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                dir_fd = os.open(self.id, flags, dir_fd=spool)
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    return False
+                raise
+            try:
+                if os.fstat(dir_fd).st_uid != os.geteuid():
+                    return False
+                os.utime(WATCHDOG_FILE, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            finally:
+                os.close(dir_fd)
         finally:
             os.close(spool)
         return True

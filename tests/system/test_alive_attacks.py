@@ -184,6 +184,12 @@ def test_another_users_watchdog_never_ends_the_owner(
     add_as(attacker, dogs, watchdog_id(owner, attacker.pw_uid), WATCHDOG_FILE, dog(owner))
     wait_for(lambda: gone(victim), DEADLINE, "A's own watchdog to end A's process")
     assert victim.returncode == -signal.SIGTERM
+    # Told to the audit log as a removal is, with the watchdog's uid.
+    audit = Path(agent.flag("--audit-log"))
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    ended = [x for x in lines if x.get("extra", {}).get("watchdog")]
+    assert [x["extra"]["watchdog"]["uid"] for x in ended] == [attacker.pw_uid], lines
+    assert ended[0]["owner"] == str(owner) and "SIGTERM" in ended[0]["result"], ended
 
 
 def test_a_setuid_process_is_never_ended_by_its_users_watchdog(

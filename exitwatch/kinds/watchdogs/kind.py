@@ -185,16 +185,15 @@ class Watchdogs(SpoolKind):
     def stop(self) -> None:
         super().stop()
         with _handed_lock, self._cond:
-            self._stopping = True  # the timer acts no more: what it followed is handed on
+            if self._stopping:  # stopped already: what it followed may be another's now
+                return
+            # The timer acts no more: what it followed is handed on, the pidfds of SIGKILLs
+            # due included. A stopped agent sends none; the kind its reload starts does.
+            self._stopping = True
             _handed[self.path] = dict(self._armed)
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(2.0)
-        with self._cond:  # a SIGKILL due after its grace is not sent by a stopped agent
-            for armed in self._armed.values():
-                if armed.fired is not None and not armed.fired.done:
-                    armed.fired.done = True
-                    os.close(armed.fired.pidfd)
 
     # -- the timer ---------------------------------------------------------------------------
 

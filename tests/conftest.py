@@ -289,6 +289,17 @@ def spool(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.fixture
+def out() -> Iterator[Path]:
+    """A directory under /tmp that every user's hooks and lease runs may write to."""
+    d = Path(tempfile.mkdtemp(prefix="exitwatch-out-"))
+    os.chmod(d, 0o1777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+@pytest.fixture
 def alive_spools(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spools]:
     """The hook, lease and watchdog spools as the agent makes them, named to the runner's
     side by the environment."""

@@ -21,11 +21,9 @@ import pytest
 
 from exitwatch import alive
 from exitwatch.alive import LEASE_FILE, WATCHDOG_FILE, watchdog_id
-from exitwatch.kinds.spool.entry import ensure_spool
 from exitwatch.kinds.watchdogs.kind import Watchdogs
 from exitwatch.owner import Owner, owner_of
 
-from support.agentproc import Agent, agent_argv
 from support.hooks import REPO
 from support.procs import state, wait_for
 from support.users import SYSTEM_PYTHON, as_user, setpriv_argv, temporary_user
@@ -39,56 +37,6 @@ PROMPT = 2.0  # how late another user's lease may run while one user's leases ho
 def other_user() -> Iterator:
     with temporary_user("exitwatch-w") as user:
         yield user
-
-
-@pytest.fixture
-def spools(monkeypatch) -> Iterator[tuple[Path, Path]]:
-    """A lease spool and a watchdog spool as the agent makes them (root's, 1733), under a
-    directory anyone may search."""
-    top = Path(tempfile.mkdtemp(prefix="exitwatch-alive-"))
-    os.chmod(top, 0o755)
-    leases, dogs = top / "leases", top / "watchdogs"
-    for path in (leases, dogs):
-        ensure_spool(str(path))
-    monkeypatch.setenv("EXITWATCH_LEASE_DIR", str(leases))
-    monkeypatch.setenv("EXITWATCH_WATCHDOG_DIR", str(dogs))
-    try:
-        yield leases, dogs
-    finally:
-        shutil.rmtree(top)
-
-
-@pytest.fixture
-def out() -> Iterator[Path]:
-    """A directory that every user's lease runs may write to."""
-    d = Path(tempfile.mkdtemp(prefix="exitwatch-alive-out-"))
-    os.chmod(d, 0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
-
-
-@pytest.fixture
-def agent_for(spools, tmp_path) -> Iterator:
-    """Start real agents (poll source, no engine) on the test's spools; stopped after."""
-    started: list[Agent] = []
-    root = tmp_path / "workdirs"
-    root.mkdir()
-    leases, dogs = spools
-
-    def start(*extra: str) -> Agent:
-        spooled = ("--lease-dir", str(leases), "--watchdog-dir", str(dogs), *extra)
-        argv = agent_argv("poll", "unix:///nonexistent/docker.sock", root, extra=spooled)
-        agent = Agent(argv, tmp_path / f"agent-{len(started)}.log")
-        started.append(agent)
-        agent.wait_log("following watchdogs in")
-        agent.wait_log("following leases in")
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
 
 
 @pytest.fixture
@@ -169,12 +117,12 @@ def gone(proc: subprocess.Popen) -> bool:
 
 
 def test_another_users_watchdog_never_ends_the_owner(
-    spools, agent_for, procs, attacker, other_user
+    alive_spools, alive_agent, procs, attacker, other_user
 ):
     """B writes a watchdog naming A's process by hand (alive.watchdog would refuse it): it
     is refused at its timeout and A's process lives on. A's own, the same, ends it."""
-    _, dogs = spools
-    agent = agent_for()
+    dogs = alive_spools.watchdogs
+    agent = alive_agent
     victim, owner = sleeper_as(procs, attacker)
     add_as(other_user, dogs, watchdog_id(owner, other_user.pw_uid), WATCHDOG_FILE, dog(owner))
     wait_for(lambda: "refused: its owner" in agent.text(), DEADLINE, "B's watchdog refused")
@@ -193,11 +141,11 @@ def test_another_users_watchdog_never_ends_the_owner(
 
 
 def test_a_setuid_process_is_never_ended_by_its_users_watchdog(
-    spools, agent_for, procs, attacker, tmp_path
+    alive_spools, alive_agent, procs, attacker, tmp_path
 ):
     """A runs a setuid-root program (its effective uid 0) and arms a watchdog on it by
     hand: A could not signal it, and neither does the agent for A."""
-    _, dogs = spools
+    dogs = alive_spools.watchdogs
     where = Path(tempfile.mkdtemp(prefix="exitwatch-suid-", dir="/var/tmp"))
     try:
         os.chmod(where, 0o755)
@@ -207,12 +155,19 @@ def test_a_setuid_process_is_never_ended_by_its_users_watchdog(
         proc = procs(setpriv_argv(attacker, str(suid), "1000"))
         wait_for(lambda: _euid(proc.pid) == 0, 10, "the setuid program to run")
         owner = owner_of(proc.pid)
-        agent = agent_for()
+        agent = alive_agent
         add_as(attacker, dogs, watchdog_id(owner, attacker.pw_uid), WATCHDOG_FILE, dog(owner))
         wait_for(lambda: "refused: its owner" in agent.text(), DEADLINE, "the watchdog refused")
         assert not gone(proc)
     finally:
         shutil.rmtree(where)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except FileNotFoundError:
+        return None
 
 
 def _euid(pid: int) -> int | None:
@@ -248,12 +203,12 @@ def _count(path: Path) -> int:
 
 
 def test_a_petting_owner_lives_whatever_mtime_its_pets_give(
-    spools, agent_for, procs, attacker, out
+    alive_spools, alive_agent, procs, attacker, out
 ):
     """A pets its watchdog (1 s) every 0.2 s with mtimes an hour back, a year ahead and
     now: for 30 pets (six timeouts) it lives; once the pets stop, it is ended."""
-    _, dogs = spools
-    agent = agent_for()
+    dogs = alive_spools.watchdogs
+    agent = alive_agent
     victim, owner = sleeper_as(procs, attacker)
     wid = watchdog_id(owner, attacker.pw_uid)
     add_as(attacker, dogs, wid, WATCHDOG_FILE, dog(owner, timeout=1.0))
@@ -280,12 +235,14 @@ def _reuse_pid(user, pid: int, procs) -> subprocess.Popen | None:
     return proc if proc.pid == pid else None
 
 
-def test_a_pid_reused_before_the_timeout_is_never_killed(spools, agent_for, procs, attacker):
+def test_a_pid_reused_before_the_timeout_is_never_killed(
+    alive_spools, alive_agent, procs, attacker
+):
     """A arms a watchdog (1.5 s) on its process, which dies at once; its pid is taken by a
     new process of A's before the timeout: the agent removes the dead owner's watchdog and
     the new process lives on."""
-    _, dogs = spools
-    agent = agent_for()
+    dogs = alive_spools.watchdogs
+    agent = alive_agent
     for _ in range(20):
         first, owner = sleeper_as(procs, attacker)
         wid = watchdog_id(owner, attacker.pw_uid)
@@ -302,11 +259,11 @@ def test_a_pid_reused_before_the_timeout_is_never_killed(spools, agent_for, proc
     assert "ended by its watchdog" not in agent.text()
 
 
-def test_a_zombie_owner_is_dead_not_ended(spools, agent_for, attacker):
+def test_a_zombie_owner_is_dead_not_ended(alive_spools, alive_agent, attacker):
     """A's process has exited, unwaited for: its watchdog is a dead owner's, removed, and
     nothing is signalled."""
-    _, dogs = spools
-    agent = agent_for()
+    dogs = alive_spools.watchdogs
+    agent = alive_agent
     zombie = subprocess.Popen(setpriv_argv(attacker, "true"))
     try:
         wait_for(lambda: state(zombie.pid) == "Z", 10, "the zombie")
@@ -322,11 +279,13 @@ def test_a_zombie_owner_is_dead_not_ended(spools, agent_for, attacker):
 # -- a watchdog never fires while the agent cannot read the owner ----------------------------
 
 
-def test_no_watchdog_fires_while_the_agents_fd_table_is_full(spools, agent_for, procs, attacker):
+def test_no_watchdog_fires_while_the_agents_fd_table_is_full(
+    alive_spools, alive_agent, procs, attacker
+):
     """The agent's fd limit is cut to 3 (every open fails with EMFILE) before its watchdog's
     timeout: it says it cannot look, and fires only once it can again."""
-    _, dogs = spools
-    agent = agent_for()
+    dogs = alive_spools.watchdogs
+    agent = alive_agent
     victim, owner = sleeper_as(procs, attacker)
     add_as(attacker, dogs, watchdog_id(owner, attacker.pw_uid), WATCHDOG_FILE, dog(owner, 3.0))
     wait_for(lambda: agent.status()["watchdogs"]["armed"] == 1, DEADLINE, "it armed")
@@ -364,11 +323,11 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
-def test_a_lease_never_runs_after_its_owners_death(spools, agent_for, procs, attacker, out):
+def test_a_lease_never_runs_after_its_owners_death(alive_spools, alive_agent, procs, attacker, out):
     """A's lease (every 1 s) runs a command that outlasts it: the run under way is killed
     as the owner dies, and none starts after; the lease is removed."""
-    leases, _ = spools
-    agent = agent_for()
+    leases = alive_spools.leases
+    agent = alive_agent
     owner_proc, owner = sleeper_as(procs, attacker)
     runs = out / "runs"
     script = f"echo $$ >> {runs}; exec sleep 1000"
@@ -383,13 +342,13 @@ def test_a_lease_never_runs_after_its_owners_death(spools, agent_for, procs, att
 
 
 def test_a_lease_file_replaced_by_its_user_runs_its_new_command(
-    spools, agent_for, procs, attacker, out
+    alive_spools, alive_agent, procs, attacker, out
 ):
     """A replaces its lease's file (a rename over it, which raises no event in the spool)
     with another command: the new one runs at its interval, as a changed lease; the lease
     neither stops running nor reads as healthy meanwhile."""
-    leases, _ = spools
-    agent = agent_for()
+    leases = alive_spools.leases
+    agent = alive_agent
     _, owner = sleeper_as(procs, attacker)
     log = out / "log"
     old = lease(owner, ["sh", "-c", f"echo old >> {log}"])
@@ -402,12 +361,12 @@ def test_a_lease_file_replaced_by_its_user_runs_its_new_command(
 
 
 def test_one_users_flood_of_leases_never_delays_anothers(
-    spools, agent_for, procs, attacker, other_user, out
+    alive_spools, alive_agent, procs, attacker, other_user, out
 ):
     """A floods the spool with 400 leases of 1 s (8 of A's run at once, the rest wait):
     B's lease of 1 s still runs every second, give or take PROMPT."""
-    leases, _ = spools
-    agent = agent_for()
+    leases = alive_spools.leases
+    agent = alive_agent
     _, a_owner = sleeper_as(procs, attacker)
     _, b_owner = sleeper_as(procs, other_user)
     ids = [entry_id(1000 + n) for n in range(400)]
@@ -428,14 +387,14 @@ def test_one_users_flood_of_leases_never_delays_anothers(
 
 
 def test_a_reload_during_the_grace_still_kills_the_owner_at_its_end(
-    spools, agent_for, procs, attacker
+    alive_spools, alive_agent, procs, attacker
 ):
     """A's process ignores SIGTERM; its watchdog (1 s, grace 3 s) fires. A then arms it
     again for 60 s (the agent ignores that: the owner is being ended), and the agent is
     reloaded (SIGHUP) within the grace: SIGKILL still comes at the grace's end, not a
     whole new timeout later."""
-    _, dogs = spools
-    agent = agent_for()
+    dogs = alive_spools.watchdogs
+    agent = alive_agent
     victim = procs(setpriv_argv(attacker, "sh", "-c", "trap '' TERM; exec sleep 1000"))
     wait_for(lambda: _euid(victim.pid) == attacker.pw_uid, 10, "setpriv")
     owner = owner_of(victim.pid)
@@ -453,11 +412,11 @@ def test_a_reload_during_the_grace_still_kills_the_owner_at_its_end(
 
 
 def test_exitwatch_reap_removes_dead_owners_leases_and_watchdogs_only(
-    spools, procs, attacker, tmp_path, out
+    alive_spools, procs, attacker, tmp_path, out
 ):
     """`exitwatch reap` with leases and watchdogs of a dead owner and of a live one: the
     dead one's go, the live one's stay, nothing is signalled and no lease runs."""
-    leases, dogs = spools
+    leases, dogs = alive_spools.leases, alive_spools.watchdogs
     live_proc, live = sleeper_as(procs, attacker)
     dead_proc, dead = sleeper_as(procs, attacker)
     dead_proc.kill()
@@ -501,13 +460,13 @@ print(watchdog(float(sys.argv[3]) if sys.argv[3:] else 5.0, pid=int(sys.argv[2])
     "compute; a directory of B's by that name makes A's arming fail (EACCES)",
 )
 def test_another_user_cannot_keep_a_user_from_arming_a_watchdog(
-    spools, procs, attacker, other_user
+    alive_spools, procs, attacker, other_user
 ):
     """The watchdog's id is a hash of the user and the owner, both of which anyone can read
     (/proc/PID/stat, /etc/machine-id): B makes that directory in the spool before A arms.
     A must still be able to arm a watchdog on A's own process (`exitwatch run --max-time`
     fails to start without one)."""
-    _, dogs = spools
+    dogs = alive_spools.watchdogs
     _, owner = sleeper_as(procs, attacker)
     squat = watchdog_id(owner, attacker.pw_uid)
     subprocess.run(setpriv_argv(other_user, "mkdir", "-m", "700", str(dogs / squat)), check=True)
@@ -519,12 +478,12 @@ def test_another_user_cannot_keep_a_user_from_arming_a_watchdog(
 # -- `exitwatch run --max-time` with --idle-timeout: re-armed for what is left ------------------
 
 
-def test_a_runs_max_time_rearmed_for_what_is_left_ends_it_then(spools, agent_for, bases):
+def test_a_runs_max_time_rearmed_for_what_is_left_ends_it_then(alive_spools, alive_agent, bases):
     """`exitwatch run --max-time 8 --idle-timeout 7.5`: CMD writes at 1 s, when the maximum
     time becomes the nearer end; the wrapper arms the watchdog again for the 7 s left. The
     run ends at about 8 s (the re-arming counts as a pet when it was made), not when the
     agent next looked at the file (the old timeout, 7.5 s) plus 7 s."""
-    agent = agent_for()
+    agent = alive_agent
     script = "echo start; sleep 1; echo more; exec sleep 1000"
     env = env_for(bases)
     started = time.monotonic()
@@ -554,13 +513,13 @@ for kid in kids:
 
 
 def test_a_thousand_firings_at_once_never_stop_the_watchdogs(
-    spools, agent_for, procs, attacker, other_user
+    alive_spools, alive_agent, procs, attacker, other_user
 ):
     """A and B each arm 600 watchdogs (2 s, grace 4 s) on as many processes of theirs, all
     due at once: the agent holds a pidfd of each fired owner through its grace, more than
     1024 descriptors. Every grace runs out (select() takes no fd past 1023), and a
     watchdog armed after them still fires."""
-    agent = agent_for()
+    agent = alive_agent
     armers = []
     for user in (attacker, other_user):
         argv = [SYSTEM_PYTHON, "-I", "-S", "-c", _ARM_MANY, str(REPO), "600", "2", "4"]
@@ -574,7 +533,13 @@ def test_a_thousand_firings_at_once_never_stop_the_watchdogs(
         # Due once every grace has run out (4 s after its firing, all made by now).
         late, owner = sleeper_as(procs, attacker)
         later = dog(owner, timeout=6.0)
-        add_as(attacker, spools[1], watchdog_id(owner, attacker.pw_uid), WATCHDOG_FILE, later)
+        add_as(
+            attacker,
+            alive_spools.watchdogs,
+            watchdog_id(owner, attacker.pw_uid),
+            WATCHDOG_FILE,
+            later,
+        )
         wait_for(lambda: gone(late), DEADLINE, f"a later watchdog to fire:\n{agent.text()[-3000:]}")
         assert "Traceback" not in agent.text(), agent.text()[-3000:]
     finally:
@@ -587,17 +552,17 @@ def test_a_thousand_firings_at_once_never_stop_the_watchdogs(
     reason="issue 31 finding, not fixed: a lease run's process group is killed at its owner's "
     "death, but a child that called setsid has left it (as for hooks, spawn.run_as)",
 )
-def test_nothing_a_lease_ran_outlives_its_owner(spools, agent_for, procs, attacker, out):
+def test_nothing_a_lease_ran_outlives_its_owner(alive_spools, alive_agent, procs, attacker, out):
     """A's lease runs a command that starts a child in a session of its own (setsid): at the
     owner's death the run is killed, and so must be what it started."""
-    leases, _ = spools
-    agent_for()
+    leases = alive_spools.leases
     owner_proc, owner = sleeper_as(procs, attacker)
     pids = out / "pids"
     script = f"setsid sleep 1000 & echo $! >> {pids}; exec sleep 1000"
     add_as(attacker, leases, entry_id(4), LEASE_FILE, lease(owner, ["sh", "-c", script]))
     escaped = int(wait_for(lambda: _lines(pids), DEADLINE, "the first run")[0])
     try:
+        wait_for(lambda: _session(escaped) == escaped, 10, "the child in a session of its own")
         owner_proc.kill()
         owner_proc.wait()
         wait_for(lambda: state(escaped) is None, 10, "what the run started to be killed")
@@ -607,11 +572,11 @@ def test_nothing_a_lease_ran_outlives_its_owner(spools, agent_for, procs, attack
 
 
 def test_a_watchdog_armed_again_with_a_shorter_timeout_fires_at_it(
-    spools, agent_for, procs, attacker
+    alive_spools, alive_agent, procs, attacker
 ):
     """A arms a watchdog of 45 s on its process, then again of 1 s (`exitwatch watchdog
     --timeout 1`: "a new timeout, and a pet"): it fires about a second later, not at 45 s."""
-    agent = agent_for()
+    agent = alive_agent
     victim, owner = sleeper_as(procs, attacker)
     for timeout in ("45", "1"):
         argv = [SYSTEM_PYTHON, "-I", "-S", "-c", _ARM, str(REPO), str(owner.pid), timeout]
@@ -639,14 +604,14 @@ mv ".$2" "$2"; mv ".$3" "$3"; mv ".$4" "$4"
 
 @pytest.mark.parametrize("spool_kind", ["lease", "watchdog"])
 def test_fifos_symlinks_and_hardlinks_in_the_spools_are_refused(
-    spools, agent_for, procs, attacker, out, spool_kind
+    alive_spools, alive_agent, procs, attacker, out, spool_kind
 ):
     """A's entries whose file is a FIFO (the agent must not block on it), a symlink and a
     hard link, to a good file of A's: each refused by name; A's good entry beside them
     acts (a lease runs, a watchdog fires)."""
-    leases, dogs = spools
+    leases, dogs = alive_spools.leases, alive_spools.watchdogs
     spool, file = (leases, LEASE_FILE) if spool_kind == "lease" else (dogs, WATCHDOG_FILE)
-    agent = agent_for()
+    agent = alive_agent
     victim, owner = sleeper_as(procs, attacker)
     ran = out / "ran"
     content = (
@@ -674,14 +639,14 @@ def test_fifos_symlinks_and_hardlinks_in_the_spools_are_refused(
 
 
 def test_a_look_at_a_pet_never_follows_a_symlink_in_place_of_the_entry(
-    spools, procs, attacker, tmp_path
+    alive_spools, procs, attacker, tmp_path
 ):
     """A moves its armed watchdog's directory out of the spool and leaves a symlink to it
     in its place (a user owns their entry's name in the sticky spool): the agent's look at
     the pet, as root, must not follow it. The file is the very one armed, so only the
     path says so: the look fails (nothing proved, nothing fired; the listing's Gone drops
     it), never pets through the link."""
-    _, dogs = spools
+    dogs = alive_spools.watchdogs
     _, owner = sleeper_as(procs, attacker)
     wid = watchdog_id(owner, attacker.pw_uid)
     add_as(attacker, dogs, wid, WATCHDOG_FILE, dog(owner, timeout=60.0))
@@ -703,13 +668,13 @@ def test_a_look_at_a_pet_never_follows_a_symlink_in_place_of_the_entry(
 
 
 def test_roots_pet_never_follows_a_symlink_a_user_left_in_the_spool(
-    spools, procs, attacker, tmp_path
+    alive_spools, procs, attacker, tmp_path
 ):
     """Root arms a watchdog on a process of A's, and cancels it; A leaves a symlink by its
     id (anyone can compute it) to a directory of A's holding a watchdog.json. Root's pet
     (`exitwatch watchdog --pet --pid P`) must not follow it: A's file is left untouched,
     and the pet says there is no watchdog."""
-    _, dogs = spools
+    dogs = alive_spools.watchdogs
     _, owner = sleeper_as(procs, attacker)
     armed = alive.watchdog(60.0, pid=owner.pid)
     assert armed.cancel()

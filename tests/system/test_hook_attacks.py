@@ -48,17 +48,6 @@ def third_user() -> Iterator:
 
 
 @pytest.fixture
-def out() -> Iterator[Path]:
-    """A directory under /tmp that every user's hooks may write to."""
-    d = Path(tempfile.mkdtemp(prefix="exitwatch-hook-out-"))
-    os.chmod(d, 0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d)
-
-
-@pytest.fixture
 def agent_for(spool, tmp_path) -> Iterator:
     """Start real agents on the test's spool (or another), with extra arguments; stopped
     after."""

@@ -11,7 +11,8 @@ import pytest
 
 from exitwatch.kinds.spool.entry import Entry
 from exitwatch.kinds.watchdogs import kind
-from exitwatch.kinds.watchdogs.kind import Watchdogs, _Armed
+from exitwatch.kinds.watchdogs.armed import Armed, pet_time
+from exitwatch.kinds.watchdogs.kind import Watchdogs
 from exitwatch.owner import Owner
 
 TIMEOUT = 60.0
@@ -39,7 +40,7 @@ def looks(monkeypatch):
     entry = Entry("watchdog", "0" * 32, OWNER, "x", None, 1000, 1, 1, 1, (TIMEOUT, 10.0, ""))
     now = {"mono": 0.0}
     monkeypatch.setattr(kind.time, "time", lambda: clocks.wall(now["mono"]))
-    armed = _Armed(entry, (0, 0), 0.0, clocks.wall(0.0), 0.0, TIMEOUT)
+    armed = Armed(entry, (0, 0), 0.0, clocks.wall(0.0), 0.0, TIMEOUT)
     dogs._armed[entry.key] = armed
     stamp = {"ctime": 0}
     monkeypatch.setattr(dogs, "_stamp", lambda e: (stamp["ctime"], stamp["ctime"]))
@@ -93,3 +94,23 @@ def test_a_step_never_holds_an_owner_longer_than_the_look_after_its_pet(looks, s
     looks.clocks.step = step
     assert not looks(110.0, pet_at=105.0)
     assert looks(170.5)
+
+
+@pytest.mark.parametrize(
+    ("step_at", "step", "pet"),
+    [
+        (None, 0.0, 30.0),  # no step: the pet as it was made
+        (35.0, 3600.0, 30.0),  # forward after the pet: this look's reading is early
+        (25.0, 3600.0, 40.0),  # forward before it: read late, held to this look
+        (35.0, -3600.0, 40.0),  # back after it: read late, held to this look
+        (25.0, -3600.0, 30.0),  # back before it: the last look's reading is early
+    ],
+)
+def test_pet_time_is_never_earlier_than_the_pet(step_at, step, pet):
+    """Looks at monotonic 0 and 40 (wall clock WALL + monotonic, stepped by `step` at
+    `step_at`), a pet at 30: read at the pet, or later, never before it."""
+
+    def wall(mono: float) -> float:
+        return WALL + mono + (step if step_at is not None and mono >= step_at else 0.0)
+
+    assert pet_time(0.0, wall(0.0), 40.0, wall(40.0), wall(30.0)) == pytest.approx(pet)

@@ -21,8 +21,6 @@ import select
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TypedDict
 
 from exitwatch import owner as owners
 from exitwatch import procfs
@@ -37,6 +35,7 @@ from exitwatch.kinds.spool.entry import (
     spool_fd,
 )
 from exitwatch.kinds.spool.kind import SpoolKind
+from exitwatch.kinds.watchdogs.armed import Armed, Fired, Firing, WatchdogsHealth, pet_time
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
@@ -59,55 +58,13 @@ FORMAT = Format(
 )
 
 
-class Firing(TypedDict):
-    """One owner a watchdog ended, as status shows it."""
-
-    time: float  # unix time of the SIGTERM
-    owner: str
-    watchdog: str
-    after_s: float  # seconds without a pet
-    killed: bool  # SIGKILL was needed after the grace
-
-
-class WatchdogsHealth(TypedDict):
-    """The status document's `watchdogs` entry."""
-
-    armed: int  # watchdogs of live owners followed now
-    fired: int  # owners ended since start
-    killed: int  # of which needed SIGKILL after their grace
-    refused: int  # firings refused (the owner runs as another user than the watchdog's)
-    unreadable: int  # looks that could not be made: the owner's state, or the pet file
-    last_unreadable: str | None
-    recent: list[Firing]
-
-
-@dataclass
-class _Armed:
-    entry: Entry
-    stamp: tuple[int, int]  # the file's (ctime, mtime) in ns when last looked at
-    looked: float  # monotonic time of that look
-    looked_wall: float  # the wall clock at that look
-    pet: float  # monotonic time of the last pet, as near as the look can tell
-    due: float
-    fired: _Fired | None = None
-
-
-@dataclass
-class _Fired:
-    pidfd: int
-    at: float
-    kill_at: float
-    firing: Firing
-    done: bool = field(default=False)
-
-
 # The agent's reload (SIGHUP) makes its kinds anew in the same process: what one stopped
 # watchdog kind knew, the next one started takes on. The pets seen, so that a reload is no
 # pet (an owner that hangs would live one timeout more at each); and the owners in their
 # grace, whose SIGKILL is due all the same (one ignoring SIGTERM would escape it). By spool
 # path (agents of a test session share a process); the first listing of the new kind drops
 # what its spool does not hold, but for those in their grace.
-_handed: dict[str, dict[str, _Armed]] = {}
+_handed: dict[str, dict[str, Armed]] = {}
 _handed_lock = threading.Lock()
 
 
@@ -120,7 +77,7 @@ class Watchdogs(SpoolKind):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self._cond = threading.Condition()
-        self._armed: dict[str, _Armed] = {}
+        self._armed: dict[str, Armed] = {}
         self._heap: list[tuple[float, str]] = []
         self._counts: collections.Counter[str] = collections.Counter()
         self._recent: collections.deque[Firing] = collections.deque(maxlen=RECENT)
@@ -173,7 +130,7 @@ class Watchdogs(SpoolKind):
         now = time.monotonic()
         # No stamp yet: the first look reads the file's change time as a pet, held within
         # [now, that look], which is right whether it was petted since or not.
-        armed = _Armed(entry, (0, 0), now, time.time(), now, now + entry.detail[0])
+        armed = Armed(entry, (0, 0), now, time.time(), now, now + entry.detail[0])
         self._armed[entry.key] = armed
         heapq.heappush(self._heap, (armed.due, entry.key))
 
@@ -215,11 +172,11 @@ class Watchdogs(SpoolKind):
                 timeout = self._heap[0][0] - now if self._heap else None
                 self._cond.wait(timeout)
 
-    def _later(self, armed: _Armed, at: float) -> None:
+    def _later(self, armed: Armed, at: float) -> None:
         armed.due = at
         heapq.heappush(self._heap, (at, armed.entry.key))
 
-    def _look(self, armed: _Armed, now: float) -> None:
+    def _look(self, armed: Armed, now: float) -> None:
         """Its time is up, as far as was known: fire, unless a pet came meanwhile."""
         if armed.fired is not None:
             self._kill(armed, now)
@@ -230,15 +187,9 @@ class Watchdogs(SpoolKind):
             return
         wall = time.time()
         if stamp != armed.stamp:
-            # Petted since the last look. The change time is the kernel's wall clock at the
-            # pet, which the pet's writer cannot set; translated to the monotonic clock
-            # twice: as so long before this look, and as so long after the last one. A step
-            # of the wall clock between the two looks makes one of them early and leaves the
-            # other right, or late: the later is never earlier than the pet (an owner that
-            # petted just before a step forward is not ended for it). Held within the looks.
-            ctime = stamp[0] / 1e9
-            after_last = armed.looked + (ctime - armed.looked_wall)
-            armed.pet = min(now, max(armed.looked, now - (wall - ctime), after_last))
+            # Petted since the last look: its change time is the kernel's wall clock at the
+            # pet, which the pet's writer cannot set (pet_time says how it is read).
+            armed.pet = pet_time(armed.looked, armed.looked_wall, now, wall, stamp[0] / 1e9)
             armed.stamp = stamp
         armed.looked, armed.looked_wall = now, wall
         due = armed.pet + armed.entry.detail[0] + COARSE
@@ -303,7 +254,7 @@ class Watchdogs(SpoolKind):
             self._said.add(entry.key)
             log.warning("%s: cannot look now, so it does not fire: %s", self.what(entry), why)
 
-    def _fire(self, armed: _Armed, now: float) -> None:
+    def _fire(self, armed: Armed, now: float) -> None:
         entry, (_, grace, reason) = armed.entry, armed.entry.detail
         owner = entry.owner
         try:
@@ -359,7 +310,7 @@ class Watchdogs(SpoolKind):
             "after_s": after,
             "killed": False,
         }
-        armed.fired = _Fired(pidfd, now, now + grace, firing)
+        armed.fired = Fired(pidfd, now, now + grace, firing)
         self._counts["fired"] += 1
         self._recent.append(firing)
         detail = f"SIGTERM sent; SIGKILL after {grace:g} s if it still runs"
@@ -383,7 +334,7 @@ class Watchdogs(SpoolKind):
             os.close(pidfd)
             raise
 
-    def _kill(self, armed: _Armed, now: float) -> None:
+    def _kill(self, armed: Armed, now: float) -> None:
         """The grace ran out: SIGKILL, unless it exited (its pidfd is readable then)."""
         fired = armed.fired
         assert fired is not None

@@ -690,3 +690,23 @@ def test_roots_pet_never_follows_a_symlink_a_user_left_in_the_spool(
         assert (theirs / WATCHDOG_FILE).stat().st_mtime == 0
     finally:
         shutil.rmtree(theirs)
+
+
+# -- what one user's refused watchdogs write to the agent's log ------------------------------
+
+WARN_LINES = 5  # docs/hooks.md: refusal warnings of one user per minute, then a line counting
+
+
+def test_one_users_refused_watchdogs_never_flood_the_log(alive_spools, alive_agent, attacker):
+    """A writes 300 watchdogs (ids of its choosing) naming PID 1, root's: each is refused
+    when its second runs out. The refusals are counted, and warned about as any refusal
+    of one user's is: a few lines, then one that counts the rest."""
+    init = owner_of(1)
+    ids = [entry_id(2000 + n) for n in range(300)]
+    body = json.dumps(dog(init, timeout=1.0))
+    script = _ADD_MANY.replace('"lease.json"', '"watchdog.json"')
+    argv = [SYSTEM_PYTHON, "-I", "-S", "-c", script, str(REPO), str(alive_spools.watchdogs)]
+    subprocess.run(setpriv_argv(attacker, *argv, body, *ids), check=True, cwd="/")
+    wait_for(lambda: alive_agent.status()["watchdogs"]["refused"] == 300, DEADLINE, "300 refusals")
+    lines = [x for x in alive_agent.text().splitlines() if "refused: its owner" in x]
+    assert len(lines) <= WARN_LINES, f"{len(lines)} lines of refusals"

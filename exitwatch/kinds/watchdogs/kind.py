@@ -135,6 +135,7 @@ class Watchdogs(SpoolKind):
         heapq.heappush(self._heap, (armed.due, entry.key))
 
     def _disarm(self, key: str) -> None:
+        self._said.discard(key)
         armed = self._armed.pop(key, None)
         if armed is not None and armed.fired is not None and not armed.fired.done:
             self._armed[key] = armed  # the grace runs out all the same: SIGKILL is due
@@ -252,7 +253,8 @@ class Watchdogs(SpoolKind):
         self._last_unreadable = f"{self.what(entry)}: {why}"
         if entry.key not in self._said:
             self._said.add(entry.key)
-            log.warning("%s: cannot look now, so it does not fire: %s", self.what(entry), why)
+            text = f"{self.what(entry)}: cannot look now, so it does not fire: {why}"
+            self._spool.warnings.warn(entry.uid, text)
 
     def _fire(self, armed: Armed, now: float) -> None:
         entry, (_, grace, reason) = armed.entry, armed.entry.detail
@@ -272,13 +274,12 @@ class Watchdogs(SpoolKind):
         if entry.uid != 0 and any(uid != entry.uid for uid in uids):
             os.close(pidfd)
             self._counts["refused"] += 1
-            log.warning(
-                "%s: refused: its owner %s runs as uid %d, not as uid %d who armed it; it "
-                "is not fired",
-                self.what(entry),
-                owner,
-                uids[1],
+            # As the listing's refusals are: a few lines of one user's a minute, then one
+            # that counts the rest (a user may write a thousand, and again and again).
+            self._spool.warnings.warn(
                 entry.uid,
+                f"{self.what(entry)}: refused: its owner {owner} runs as uid {uids[1]}, not as "
+                f"uid {entry.uid} who armed it; it is not fired",
             )
             self._armed.pop(entry.key, None)  # looked at again if its file changes
             return

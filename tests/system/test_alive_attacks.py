@@ -710,3 +710,16 @@ def test_one_users_refused_watchdogs_never_flood_the_log(alive_spools, alive_age
     wait_for(lambda: alive_agent.status()["watchdogs"]["refused"] == 300, DEADLINE, "300 refusals")
     lines = [x for x in alive_agent.text().splitlines() if "refused: its owner" in x]
     assert len(lines) <= WARN_LINES, f"{len(lines)} lines of refusals"
+
+
+def test_one_users_failing_leases_never_flood_the_log(alive_spools, alive_agent, procs, attacker):
+    """A writes 300 leases that fail (`false`, every 1 s): each failure is counted, and
+    warned about within the same bound per user as a refusal."""
+    _, owner = sleeper_as(procs, attacker)
+    ids = [entry_id(3000 + n) for n in range(300)]
+    body = json.dumps(lease(owner, ["false"], every=60.0))
+    argv = [SYSTEM_PYTHON, "-I", "-S", "-c", _ADD_MANY, str(REPO), str(alive_spools.leases)]
+    subprocess.run(setpriv_argv(attacker, *argv, body, *ids), check=True, cwd="/")
+    wait_for(lambda: alive_agent.status()["leases"]["failures"] >= 300, DEADLINE, "300 failures")
+    lines = [x for x in alive_agent.text().splitlines() if "failed: exited with code 1" in x]
+    assert len(lines) <= WARN_LINES, f"{len(lines)} lines of failures"

@@ -36,6 +36,7 @@ from exitwatch.kinds.spool.entry import (
     spool_fd,
 )
 from exitwatch.kinds.spool.kind import SpoolKind
+from exitwatch.kinds.spool.listing import Warnings
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class Leases(SpoolKind):
         self._queued: dict[int, collections.deque[str]] = collections.defaultdict(collections.deque)
         self._totals: collections.Counter[str] = collections.Counter()
         self._last_failure: str | None = None
+        self._failures = Warnings(FORMAT.noun, "failing")
         self._stopping = False
         # Readable once the agent stops: the runs under way are killed with it.
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
@@ -232,7 +234,11 @@ class Leases(SpoolKind):
         now = time.monotonic()
         streak = lease.blind if blind else lease.failing
         if not streak or now - lease.logged >= FAILING_LOG_EVERY:
-            log.warning("%s: %s", what, result[1] + ("; it does not run" if blind else ""))
+            # Within a bound per user: one user's thousand failing leases, or a new one made
+            # at every moment, write a few lines a minute, then one that counts the rest.
+            text = f"{what}: {result[1]}" + ("; it does not run" if blind else "")
+            self._failures.warn(lease.entry.uid, text)
+            self._failures.flush()
             lease.logged = now
         if blind:
             lease.blind = True

@@ -56,8 +56,9 @@ class Warnings:
     """Refusal warnings, at most WARN_LINES per uid per WARN_INTERVAL, then one line that
     counts the rest: one user's files cannot flood the journal. Thread-safe."""
 
-    def __init__(self, noun: str) -> None:
+    def __init__(self, noun: str, held: str = "refused") -> None:
         self.noun = noun
+        self.held = held  # what the lines held back say of their entries
         self._lock = threading.Lock()
         # uid -> [window start, lines written, lines held back, summarized in this window]
         self._windows: dict[int, list] = {}
@@ -67,7 +68,7 @@ class Warnings:
         with self._lock:
             window = self._windows.get(uid)
             if window is not None and now - window[0] >= WARN_INTERVAL:
-                self._summarize(self.noun, uid, window)
+                self._summarize(uid, window)
                 window = None
             if window is None:
                 window = self._windows[uid] = [now, 0, 0, False]
@@ -85,20 +86,20 @@ class Warnings:
             for uid, window in list(self._windows.items()):
                 ended = now - window[0] >= WARN_INTERVAL
                 if window[2] and (ended or not window[3]):
-                    self._summarize(self.noun, uid, window)
+                    self._summarize(uid, window)
                     window[3] = True
                 if ended:
                     del self._windows[uid]
 
-    @staticmethod
-    def _summarize(noun: str, uid: int, window: list) -> None:
+    def _summarize(self, uid: int, window: list) -> None:
         if window[2]:
             log.warning(
-                "%s spool: %d more entries of uid %d refused (at most %d warnings per uid "
+                "%s spool: %d more entries of uid %d %s (at most %d warnings per uid "
                 "every %g s)",
-                noun,
+                self.noun,
                 window[2],
                 uid,
+                self.held,
                 WARN_LINES,
                 WARN_INTERVAL,
             )

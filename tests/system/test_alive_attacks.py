@@ -723,3 +723,36 @@ def test_one_users_failing_leases_never_flood_the_log(alive_spools, alive_agent,
     wait_for(lambda: alive_agent.status()["leases"]["failures"] >= 300, DEADLINE, "300 failures")
     lines = [x for x in alive_agent.text().splitlines() if "failed: exited with code 1" in x]
     assert len(lines) <= WARN_LINES, f"{len(lines)} lines of failures"
+
+
+_CANCEL = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from exitwatch.alive import find_watchdog
+print(find_watchdog(int(sys.argv[2])).cancel())
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 31 finding, not fixed: cancel_entry renames a watchdog to "
+    "'.ID.cancelled', a name anyone can compute and take first (a sticky spool keeps "
+    "the rename from replacing another user's directory)",
+)
+def test_another_user_cannot_keep_a_user_from_cancelling_a_watchdog(
+    alive_spools, procs, attacker, other_user
+):
+    """B makes `.ID.cancelled` in the spool for A's watchdog ID (a hash anyone can compute):
+    A arms it, then must still be able to cancel it (`exitwatch run` cancels its own when
+    CMD ends, and arming again cancels first)."""
+    dogs = alive_spools.watchdogs
+    _, owner = sleeper_as(procs, attacker)
+    squat = dogs / f".{watchdog_id(owner, attacker.pw_uid)}.cancelled"
+    subprocess.run(setpriv_argv(other_user, "mkdir", "-m", "700", str(squat)), check=True)
+    for script, expected in ((_ARM, None), (_CANCEL, "True")):
+        argv = [SYSTEM_PYTHON, "-I", "-S", "-c", script, str(REPO), str(owner.pid)]
+        done = subprocess.run(
+            setpriv_argv(attacker, *argv), capture_output=True, text=True, cwd="/"
+        )
+        assert done.returncode == 0, done.stderr[-400:]
+        assert expected is None or done.stdout.strip() == expected

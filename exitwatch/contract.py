@@ -348,7 +348,9 @@ def cancel_entry(spool_path: str, entry_id: str, file: str, noun: str) -> bool:
                 f"{noun} {entry_id} belongs to uid {st.st_uid}, not to you: cancel it as that user"
             )
         # Out of the agent's sight at once, under a dot name; then emptied and removed.
-        gone = f".{entry_id}.cancelled"
+        # A name no one else can take first: a watchdog's id can be computed by anyone,
+        # and a sticky spool keeps the rename from replacing another user's directory.
+        gone = f".{entry_id}.{secrets.token_hex(8)}.cancelled"
         try:
             os.rename(entry_id, gone, src_dir_fd=spool, dst_dir_fd=spool)
         except FileNotFoundError:  # ran (or cancelled) just now

@@ -733,12 +733,6 @@ print(find_watchdog(int(sys.argv[2])).cancel())
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 31 finding, not fixed: cancel_entry renames a watchdog to "
-    "'.ID.cancelled', a name anyone can compute and take first (a sticky spool keeps "
-    "the rename from replacing another user's directory)",
-)
 def test_another_user_cannot_keep_a_user_from_cancelling_a_watchdog(
     alive_spools, procs, attacker, other_user
 ):

@@ -733,6 +733,19 @@ print(find_watchdog(int(sys.argv[2])).cancel())
 """
 
 
+def test_another_user_taking_the_name_a_watchdog_is_written_under_changes_nothing(
+    alive_spools, procs, attacker, other_user
+):
+    """B makes `.ID` in the spool for A's watchdog ID (the name add_entry wrote it under
+    before renaming it into place): A still arms it."""
+    _, owner = sleeper_as(procs, attacker)
+    squat = alive_spools.watchdogs / f".{watchdog_id(owner, attacker.pw_uid)}"
+    subprocess.run(setpriv_argv(other_user, "mkdir", "-m", "700", str(squat)), check=True)
+    argv = [SYSTEM_PYTHON, "-I", "-S", "-c", _ARM, str(REPO), str(owner.pid)]
+    done = subprocess.run(setpriv_argv(attacker, *argv), capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr[-400:]
+
+
 def test_another_user_cannot_keep_a_user_from_cancelling_a_watchdog(
     alive_spools, procs, attacker, other_user
 ):

@@ -257,8 +257,9 @@ def add_entry(spool_path: str, entry_id: str, file: str, data: bytes) -> None:
     spool = open_spool(spool_path)
     try:
         # Made under a dot name (never read as an entry) and renamed into place whole: the
-        # agent never sees an entry half written.
-        tmp = f".{entry_id}"
+        # agent never sees an entry half written. A name of its own, which no one else can
+        # take first (a watchdog's id is a hash anyone can compute).
+        tmp = f".{entry_id}.{secrets.token_hex(8)}"
         os.mkdir(tmp, 0o700, dir_fd=spool)
         try:
             # Past the umask, before it is opened (a umask of 0777 leaves it 0000). By name:

@@ -457,7 +457,7 @@ print(watchdog(float(sys.argv[3]) if sys.argv[3:] else 5.0, pid=int(sys.argv[2])
 @pytest.mark.xfail(
     strict=True,
     reason="issue 31 finding, not fixed: watchdog_id() is hash(uid, owner), which anyone can "
-    "compute; a directory of B's by that name makes A's arming fail (EACCES)",
+    "compute; a directory of B's by that name makes A's arming fail (PermissionError)",
 )
 def test_another_user_cannot_keep_a_user_from_arming_a_watchdog(
     alive_spools, procs, attacker, other_user

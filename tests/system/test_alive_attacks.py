@@ -763,3 +763,19 @@ def test_another_user_cannot_keep_a_user_from_cancelling_a_watchdog(
         )
         assert done.returncode == 0, done.stderr[-400:]
         assert expected is None or done.stdout.strip() == expected
+
+
+def test_a_reload_is_no_pet(alive_spools, alive_agent, procs, attacker):
+    """A's watchdog (10 s) goes unpetted; the agent is reloaded (SIGHUP) halfway: the owner
+    is ended at about 10 s, not 10 s after the reload."""
+    agent = alive_agent
+    victim, owner = sleeper_as(procs, attacker)
+    wid = watchdog_id(owner, attacker.pw_uid)
+    add_as(attacker, alive_spools.watchdogs, wid, WATCHDOG_FILE, dog(owner, timeout=10.0))
+    wait_for(lambda: agent.status()["watchdogs"]["armed"] == 1, DEADLINE, "it armed")
+    armed = time.monotonic()
+    wait_for(lambda: time.monotonic() - armed >= 5, 10, "halfway")
+    agent.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "config reloaded" in agent.text(), DEADLINE, "the reload")
+    wait_for(lambda: gone(victim), DEADLINE, "the watchdog to fire")
+    assert time.monotonic() - armed < 10 + 2.5, agent.text()

@@ -779,3 +779,34 @@ def test_a_reload_is_no_pet(alive_spools, alive_agent, procs, attacker):
     wait_for(lambda: "config reloaded" in agent.text(), DEADLINE, "the reload")
     wait_for(lambda: gone(victim), DEADLINE, "the watchdog to fire")
     assert time.monotonic() - armed < 10 + 2.5, agent.text()
+
+
+# -- nothing run for a user gets more than that user's rights --------------------------------
+
+_RIGHTS = (
+    'grep -E "^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapAmb):" /proc/self/status > "$1.tmp"; '
+    'ls /proc/self/fd >> "$1.tmp"; mv "$1.tmp" "$1"'
+)
+
+
+def test_a_lease_runs_with_its_users_rights_and_nothing_more(
+    alive_spools, alive_agent, procs, attacker, out
+):
+    """A lease's run as A: A's uids and gids, A's groups alone, no capability in its
+    permitted, effective, inheritable or ambient sets, and none of the agent's descriptors
+    (a spool's, another owner's pidfd) beyond stdin, stdout and stderr."""
+    _, owner = sleeper_as(procs, attacker)
+    seen = out / "rights"
+    body = lease(owner, ["sh", "-c", _RIGHTS, "rights", str(seen)], every=60.0)
+    add_as(attacker, alive_spools.leases, entry_id(5), LEASE_FILE, body)
+    wait_for(seen.exists, DEADLINE, "the lease to run")
+    lines = seen.read_text().splitlines()
+    fields = {k: v.split() for k, _, v in (line.partition(":") for line in lines if ":" in line)}
+    uid, gid = str(attacker.pw_uid), str(attacker.pw_gid)
+    assert fields["Uid"] == [uid] * 4 and fields["Gid"] == [gid] * 4, fields
+    groups = sorted(str(g) for g in os.getgrouplist(attacker.pw_name, attacker.pw_gid))
+    assert sorted(fields["Groups"]) == groups, fields
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(fields[cap][0], 16) == 0, fields
+    fds = sorted(int(x) for x in lines if x.isdigit())
+    assert fds[:3] == [0, 1, 2] and len(fds) == 4, fds  # the fourth: ls's own /proc/self/fd

@@ -94,8 +94,7 @@ class Warnings:
     def _summarize(self, uid: int, window: list) -> None:
         if window[2]:
             log.warning(
-                "%s spool: %d more entries of uid %d %s (at most %d warnings per uid "
-                "every %g s)",
+                "%s spool: %d more entries of uid %d %s (at most %d warnings per uid every %g s)",
                 self.noun,
                 window[2],
                 uid,

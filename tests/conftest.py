@@ -158,6 +158,7 @@ LONGEST_FIRST = (
     "test_agent.py",
     "test_operations.py",
     "test_hook_attacks.py",
+    "test_alive_attacks.py",
     "test_hook_files.py",
     "test_workdirs.py",
 )
@@ -208,6 +209,9 @@ ONE_PASS = {
         "test_fuzz.py",
         "test_workdirs.py",
         "test_hook_files.py",
+        # The attacks on leases and watchdogs (1.5 to 2.5 min; both passes' libraries only
+        # drive the test's own helpers).
+        "test_alive_attacks.py",
         "test_run_dirs.py",
         "test_procfs_races.py",
         "test_operations.py",

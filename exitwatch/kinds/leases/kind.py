@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import heapq
 import logging
 import os
 import pwd
 import shlex
 import threading
 import time
+from collections.abc import KeysView
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypedDict
 
 from exitwatch import owner as owners
 from exitwatch.alive import ENV_LEASE_OWNER, LEASE_FILE, lease_problem
-from exitwatch.kinds.base import Change, Found, Gone, Notify, Outcome, Resource, Snapshot
+from exitwatch.kinds.base import Outcome, Resource
 from exitwatch.kinds.spool import spawn
 from exitwatch.kinds.spool.entry import (
     Entry,
@@ -35,8 +35,8 @@ from exitwatch.kinds.spool.entry import (
     read_entry,
     spool_fd,
 )
-from exitwatch.kinds.spool.kind import SpoolKind
 from exitwatch.kinds.spool.listing import Warnings
+from exitwatch.kinds.spool.timed import TimedSpoolKind
 from exitwatch.owner import Owner
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class _Lease:
     logged: float = float("-inf")  # when its failing (or blindness) was last said
 
 
-class Leases(SpoolKind):
+class Leases(TimedSpoolKind):
     """The leases in one spool directory, and their runs."""
 
     kind = KIND
@@ -91,50 +91,32 @@ class Leases(SpoolKind):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self._cond = threading.Condition()
         self._leases: dict[str, _Lease] = {}
-        self._heap: list[tuple[float, str]] = []
         self._per_uid: collections.Counter[int] = collections.Counter()
         self._queued: dict[int, collections.deque[str]] = collections.defaultdict(collections.deque)
         self._totals: collections.Counter[str] = collections.Counter()
         self._last_failure: str | None = None
         self._failures = Warnings(FORMAT.noun, "failing")
-        self._stopping = False
         # Readable once the agent stops: the runs under way are killed with it.
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._pool = ThreadPoolExecutor(JOBS, thread_name_prefix="exitwatch-lease-run")
-        self._thread: threading.Thread | None = None
 
-    # -- following: the leases the discovery tells of --------------------------------------
+    # -- following: the leases the discovery tells of, and the schedule ---------------------
 
-    def start(self, notify: Notify) -> None:
-        self._thread = threading.Thread(target=self._schedule, name="exitwatch-leases", daemon=True)
-        self._thread.start()
-        super().start(self._told(notify))
+    def _followed(self) -> KeysView[str]:
+        return self._leases.keys()
 
-    def _told(self, notify: Notify) -> Notify:
-        def tell(change: Change) -> None:
-            self._apply(change)
-            notify(change)
+    def _went(self, key: str) -> None:
+        self._leases.pop(key, None)
 
-        return tell
+    def _due_at(self, key: str) -> float | None:
+        lease = self._leases.get(key)
+        return None if lease is None else lease.due
 
-    def _apply(self, change: Change) -> None:
-        with self._cond:
-            match change:
-                case Found(resource=Entry() as entry):
-                    self._add(entry)
-                case Gone(key=key):
-                    self._leases.pop(key, None)
-                case Snapshot(resources=resources):
-                    entries = [r for r in resources if isinstance(r, Entry)]
-                    for key in self._leases.keys() - {e.key for e in entries}:
-                        del self._leases[key]
-                    for entry in entries:
-                        self._add(entry)
-            self._cond.notify()
+    def _act(self, key: str, now: float) -> None:
+        self._due(self._leases[key], now)
 
-    def _add(self, entry: Entry) -> None:
+    def _seen(self, entry: Entry) -> None:
         """A lease seen (again): a new or changed one runs at once, then on its interval."""
         old = self._leases.get(entry.key)
         if old is not None and old.entry == entry:
@@ -144,19 +126,15 @@ class Leases(SpoolKind):
         if old is not None:  # changed: no run of it twice at once all the same
             lease.running, lease.waiting = old.running, old.waiting
         self._leases[entry.key] = lease
-        heapq.heappush(self._heap, (now, entry.key))
+        self._at(entry.key, now)
 
     def stop(self) -> None:
         super().stop()
-        with self._cond:
-            if self._stopping:  # stopped already: its pipe may be closed, its fds reused
-                return
-            self._stopping = True
-            self._cond.notify()
+        if not self._halt():  # stopped already: its pipe may be closed, its fds reused
+            return
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")  # the runs under way are killed
-        if self._thread is not None:
-            self._thread.join(2.0)
+        self._join()
         # Their workers end within moments; the stop pipe goes after them, off this thread
         # (the agent's stop has a deadline).
         threading.Thread(target=self._close, name="exitwatch-leases-close", daemon=True).start()
@@ -166,26 +144,12 @@ class Leases(SpoolKind):
         os.close(self._stop_r)
         os.close(self._stop_w)
 
-    # -- the schedule ------------------------------------------------------------------------
-
-    def _schedule(self) -> None:
-        with self._cond:
-            while not self._stopping:
-                now = time.monotonic()
-                while self._heap and self._heap[0][0] <= now:
-                    due, key = heapq.heappop(self._heap)
-                    lease = self._leases.get(key)
-                    if lease is not None and lease.due == due:
-                        self._due(lease, now)
-                timeout = self._heap[0][0] - now if self._heap else None
-                self._cond.wait(timeout)
-
     def _due(self, lease: _Lease, now: float) -> None:
         """Its time has come: it runs now, or once its user has a run to spare. The next
         run is due `every` after this one was: a run that takes longer skips the runs it
         overlaps, never runs twice at once."""
         lease.due = now + lease.entry.detail[0]
-        heapq.heappush(self._heap, (lease.due, lease.entry.key))
+        self._at(lease.entry.key, lease.due)
         if lease.running or lease.waiting:
             return
         uid = lease.entry.uid

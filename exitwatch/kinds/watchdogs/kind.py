@@ -14,18 +14,18 @@ then, and looks again a second later.
 from __future__ import annotations
 
 import collections
-import heapq
 import logging
 import os
 import select
 import signal
 import threading
 import time
+from collections.abc import KeysView
 
 from exitwatch import owner as owners
 from exitwatch import procfs
 from exitwatch.alive import WATCHDOG_FILE, watchdog_problem
-from exitwatch.kinds.base import Acted, Change, Found, Gone, Notify, Outcome, Resource, Snapshot
+from exitwatch.kinds.base import Acted, Notify, Outcome, Resource
 from exitwatch.kinds.fsops import printable
 from exitwatch.kinds.spool.entry import (
     Entry,
@@ -34,7 +34,7 @@ from exitwatch.kinds.spool.entry import (
     read_entry,
     spool_fd,
 )
-from exitwatch.kinds.spool.kind import SpoolKind
+from exitwatch.kinds.spool.timed import TimedSpoolKind
 from exitwatch.kinds.watchdogs.armed import Armed, Fired, Firing, WatchdogsHealth, pet_time
 from exitwatch.owner import Owner
 
@@ -68,7 +68,7 @@ _handed: dict[str, dict[str, Armed]] = {}
 _handed_lock = threading.Lock()
 
 
-class Watchdogs(SpoolKind):
+class Watchdogs(TimedSpoolKind):
     """The watchdogs in one spool directory, and the timer that fires them."""
 
     kind = KIND
@@ -76,16 +76,12 @@ class Watchdogs(SpoolKind):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
-        self._cond = threading.Condition()
         self._armed: dict[str, Armed] = {}
-        self._heap: list[tuple[float, str]] = []
         self._counts: collections.Counter[str] = collections.Counter()
         self._recent: collections.deque[Firing] = collections.deque(maxlen=RECENT)
         self._last_unreadable: str | None = None
         self._said: set[str] = set()  # what cannot be read, said once per watchdog
-        self._stopping = False
         self._notify: Notify | None = None
-        self._thread: threading.Thread | None = None
 
     # -- following ---------------------------------------------------------------------------
 
@@ -94,30 +90,21 @@ class Watchdogs(SpoolKind):
         with _handed_lock, self._cond:
             for key, armed in _handed.pop(self.path, {}).items():
                 self._armed[key] = armed
-                heapq.heappush(self._heap, (armed.due, key))
-        self._thread = threading.Thread(target=self._timer, name="exitwatch-watchdogs", daemon=True)
-        self._thread.start()
+                self._at(key, armed.due)
+        super().start(notify)
 
-        def tell(change: Change) -> None:
-            self._apply(change)
-            notify(change)
+    def _followed(self) -> KeysView[str]:
+        return self._armed.keys()
 
-        super().start(tell)
+    def _seen(self, entry: Entry) -> None:
+        self._arm(entry)
 
-    def _apply(self, change: Change) -> None:
-        with self._cond:
-            match change:
-                case Found(resource=Entry() as entry):
-                    self._arm(entry)
-                case Gone(key=key):
-                    self._disarm(key)
-                case Snapshot(resources=resources):
-                    entries = [r for r in resources if isinstance(r, Entry)]
-                    for key in self._armed.keys() - {e.key for e in entries}:
-                        self._disarm(key)
-                    for entry in entries:
-                        self._arm(entry)
-            self._cond.notify()
+    def _went(self, key: str) -> None:
+        self._disarm(key)
+
+    def _due_at(self, key: str) -> float | None:
+        armed = self._armed.get(key)
+        return None if armed is None else armed.due
 
     def _arm(self, entry: Entry) -> None:
         """A watchdog seen: first seen, it counts as petted now (the agent saw no earlier
@@ -132,7 +119,7 @@ class Watchdogs(SpoolKind):
         # [now, that look], which is right whether it was petted since or not.
         armed = Armed(entry, (0, 0), now, time.time(), now, now + entry.detail[0])
         self._armed[entry.key] = armed
-        heapq.heappush(self._heap, (armed.due, entry.key))
+        self._at(entry.key, armed.due)
 
     def _disarm(self, key: str) -> None:
         self._said.discard(key)
@@ -142,40 +129,32 @@ class Watchdogs(SpoolKind):
 
     def stop(self) -> None:
         super().stop()
-        with _handed_lock, self._cond:
-            if self._stopping:  # stopped already: what it followed may be another's now
-                return
+
+        def hand_on() -> None:
             # The timer acts no more: what it followed is handed on, the pidfds of SIGKILLs
             # due included. A stopped agent sends none; the kind its reload starts does.
-            self._stopping = True
             _handed[self.path] = dict(self._armed)
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(2.0)
+
+        with _handed_lock:
+            if not self._halt(hand_on):  # stopped already: what it followed may be another's
+                return
+        self._join()
 
     # -- the timer ---------------------------------------------------------------------------
 
-    def _timer(self) -> None:
-        with self._cond:
-            while not self._stopping:
-                now = time.monotonic()
-                while self._heap and self._heap[0][0] <= now:
-                    due, key = heapq.heappop(self._heap)
-                    armed = self._armed.get(key)
-                    if armed is not None and armed.due == due:
-                        try:
-                            self._look(armed, now)
-                        except Exception as err:  # one look's surprise must not end them all
-                            if armed.entry.key not in self._said:  # its traceback, once
-                                log.exception("%s: its look failed", self.what(armed.entry))
-                            self._unreadable(armed.entry, f"{type(err).__name__}: {err}")
-                            self._later(armed, now + AGAIN)
-                timeout = self._heap[0][0] - now if self._heap else None
-                self._cond.wait(timeout)
+    def _act(self, key: str, now: float) -> None:
+        armed = self._armed[key]
+        try:
+            self._look(armed, now)
+        except Exception as err:  # one look's surprise must not end them all
+            if armed.entry.key not in self._said:  # its traceback, once
+                log.exception("%s: its look failed", self.what(armed.entry))
+            self._unreadable(armed.entry, f"{type(err).__name__}: {err}")
+            self._later(armed, now + AGAIN)
 
     def _later(self, armed: Armed, at: float) -> None:
         armed.due = at
-        heapq.heappush(self._heap, (at, armed.entry.key))
+        self._at(armed.entry.key, at)
 
     def _look(self, armed: Armed, now: float) -> None:
         """Its time is up, as far as was known: fire, unless a pet came meanwhile."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import math
 import os
 import secrets
@@ -20,10 +19,10 @@ from collections.abc import Mapping, Sequence
 
 from exitwatch import procfs
 from exitwatch.contract import (
-    HOOK_MAX_BYTES,
     HOOK_MAX_TIMEOUT,
     add_entry,
     cancel_entry,
+    entry_json,
     hook_problem,
     is_hook_id,
     open_spool,
@@ -143,7 +142,7 @@ def while_alive(
     problem = lease_problem(body)
     if problem is not None:
         raise ValueError(f"bad lease: {problem}")
-    data = _bounded(body, "lease")
+    data = entry_json(body, "lease")
     lease_id = secrets.token_hex(16)
     add_entry(lease_dir(), lease_id, LEASE_FILE, data)
     return lease_id
@@ -159,16 +158,6 @@ def cancel_lease(lease_id: str) -> bool:
             "(exitwatch while-alive) printed"
         )
     return cancel_entry(lease_dir(), lease_id, LEASE_FILE, "lease")
-
-
-def _bounded(body: dict, noun: str) -> bytes:
-    data = json.dumps(body).encode()
-    if len(data) > HOOK_MAX_BYTES:
-        raise ValueError(
-            f"{noun} is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}: shorten its "
-            "command or its env"
-        )
-    return data
 
 
 # -- the watchdog ----------------------------------------------------------------------------
@@ -265,7 +254,7 @@ def watchdog(
     problem = watchdog_problem(body)
     if problem is not None:
         raise ValueError(f"bad watchdog: {problem}")
-    data = _bounded(body, "watchdog")
+    data = entry_json(body, "watchdog")
     spool, wid = watchdog_dir(), watchdog_id(owner, uid)
     # Armed again: the old entry goes and a new one comes, both seen in the spool (a file
     # replaced inside the entry's directory would raise no event there).

@@ -239,15 +239,22 @@ def on_death(
     problem = hook_problem(body)
     if problem is not None:
         raise ValueError(f"bad hook: {problem}")
-    data = json.dumps(body).encode()
-    if len(data) > HOOK_MAX_BYTES:
-        raise ValueError(
-            f"hook is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}: shorten its "
-            "command or its env"
-        )
+    data = entry_json(body, "hook")
     hook_id = secrets.token_hex(16)
     add_entry(hook_dir(), hook_id, HOOK_FILE, data)
     return hook_id
+
+
+def entry_json(body: dict, noun: str) -> bytes:
+    """The file of a spool's entry (a `noun`'s), as JSON; ValueError past HOOK_MAX_BYTES,
+    which the agent would refuse."""
+    data = json.dumps(body).encode()
+    if len(data) > HOOK_MAX_BYTES:
+        raise ValueError(
+            f"{noun} is {len(data)} bytes as JSON, at most {HOOK_MAX_BYTES}: shorten its "
+            "command or its env"
+        )
+    return data
 
 
 def add_entry(spool_path: str, entry_id: str, file: str, data: bytes) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -124,13 +125,7 @@ def on_death_cmd(
     if cancel is not None:
         if command or env or pid is not None:
             raise click.UsageError("--cancel takes no command, --env or --pid")
-        try:
-            if not cancel_hook(cancel):
-                raise click.ClickException(
-                    f"no hook {cancel}: it ran, or was cancelled; nothing is left to cancel"
-                )
-        except (ValueError, OSError) as err:
-            raise click.ClickException(_why(err)) from None
+        _cancel(cancel_hook, cancel, "it ran, or was cancelled; nothing is left to cancel")
         return
     if not command:
         raise click.UsageError("give the command to run after --, or --cancel ID")
@@ -142,6 +137,19 @@ def on_death_cmd(
         raise click.ClickException(_no_process(pid)) from None
     except (ValueError, OwnerError, OSError) as err:
         raise click.ClickException(_why(err)) from None
+
+
+def _cancel(
+    cancel: Callable[[str], bool], entry_id: str, gone: str, env: str = ENV_HOOK_DIR
+) -> None:
+    """Cancel the entry `entry_id` of the spool named by `env` with `cancel`; one line,
+    saying `gone`, when it is not there, or why it cannot be cancelled."""
+    noun = _SPOOLS[env][0]
+    try:
+        if not cancel(entry_id):
+            raise click.ClickException(f"no {noun} {entry_id}: {gone}")
+    except (ValueError, OSError) as err:
+        raise click.ClickException(_why(err, env)) from None
 
 
 def _env_pairs(env: tuple[str, ...]) -> dict[str, str]:
@@ -196,13 +204,7 @@ def while_alive_cmd(
     if cancel is not None:
         if command or env or pid is not None or every is not None:
             raise click.UsageError("--cancel takes no command, --every, --env or --pid")
-        try:
-            if not cancel_lease(cancel):
-                raise click.ClickException(
-                    f"no lease {cancel}: it was cancelled, or its owner died"
-                )
-        except (ValueError, OSError) as err:
-            raise click.ClickException(_why(err, ENV_LEASE_DIR)) from None
+        _cancel(cancel_lease, cancel, "it was cancelled, or its owner died", ENV_LEASE_DIR)
         return
     if not command or every is None:
         raise click.UsageError("give --every S and the command to run after --, or --cancel ID")

@@ -16,13 +16,13 @@ import time
 
 from bench import stats
 from bench.engine import Engine
-from bench.procs import Agent, AgentFailed, end_owners, spawn_owners
+from bench.procs import Agent, AgentFailed, end_owners, set_environ, spawn_owners
 from exitwatch import on_death
 from exitwatch.contract import ENV_HOOK_DIR
 from exitwatch.kinds.spool.entry import ensure_spool
 
 DEADLINE = 10.0  # seconds for one stamp to appear; past it the trial counts as missed
-_STAMP = 'echo "$EPOCHREALTIME" > "$0"'
+STAMP = 'echo "$EPOCHREALTIME" > "$0"'
 
 
 def run(engine: Engine, source: str, trials: int) -> dict:
@@ -35,13 +35,12 @@ def run(engine: Engine, source: str, trials: int) -> dict:
     os.mkdir(empty)  # the only workdir root: nothing to find there
     owners = spawn_owners(trials)
     result: dict = {"source": source, "trials": trials}
-    before = os.environ.get(ENV_HOOK_DIR)
-    os.environ[ENV_HOOK_DIR] = spool
+    restore = set_environ({ENV_HOOK_DIR: spool})
     try:
         # Registered before the agent starts: its start-up listing holds every hook, so no
         # trial measures the discovery of a hook that was just written.
         for i, o in enumerate(owners):
-            on_death(["bash", "-c", _STAMP, f"{work}/hook-{i}"], pid=o.proc.pid, timeout=10)
+            on_death(["bash", "-c", STAMP, f"{work}/hook-{i}"], pid=o.proc.pid, timeout=10)
         agent = Agent(source, engine.host, [empty], hook_dir=spool)
         hook, plain, missed = [], [], 0
         try:
@@ -50,14 +49,14 @@ def run(engine: Engine, source: str, trials: int) -> dict:
             for i, o in enumerate(owners):
                 stamp = f"{work}/plain-{i}"
                 floor_at = time.time()
-                proc = subprocess.Popen(["bash", "-c", _STAMP, stamp])
-                floor_started = _stamp(stamp)
+                proc = subprocess.Popen(["bash", "-c", STAMP, stamp])
+                floor_started = stamped(stamp)
                 proc.wait()
 
                 stamp = f"{work}/hook-{i}"
                 at = time.time()
                 o.kill()
-                started = _stamp(stamp)
+                started = stamped(stamp)
                 if started is None:
                     missed += 1
                     continue
@@ -70,10 +69,7 @@ def run(engine: Engine, source: str, trials: int) -> dict:
         finally:
             agent.stop()
     finally:
-        if before is None:
-            os.environ.pop(ENV_HOOK_DIR, None)
-        else:
-            os.environ[ENV_HOOK_DIR] = before
+        restore()
         end_owners(owners)
         shutil.rmtree(work, ignore_errors=True)
     return result | {
@@ -84,7 +80,7 @@ def run(engine: Engine, source: str, trials: int) -> dict:
     }
 
 
-def _stamp(path: str) -> float | None:
+def stamped(path: str) -> float | None:
     """The wall-clock time the command wrote to `path`, once it has; None past DEADLINE."""
     deadline = time.monotonic() + DEADLINE
     while time.monotonic() < deadline:

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from exitwatch.contract import mark_workdir
@@ -282,3 +283,19 @@ def marked_dirs(root: str, owners: list[Runner], prefix: str) -> list[str]:
 def end_owners(owners: list[Runner]) -> None:
     for o in owners:
         o.end()
+
+
+def set_environ(values: dict[str, str]) -> Callable[[], None]:
+    """Set `values` in this process's environment (what the runner's side of exitwatch
+    reads, a spool's path); the call that puts it back as it was."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+
+    def restore() -> None:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    return restore

@@ -17,8 +17,8 @@ import time
 
 from bench import stats
 from bench.engine import Engine
-from bench.hooks import _STAMP, _stamp
-from bench.procs import Agent, AgentFailed, end_owners, spawn_owners
+from bench.hooks import STAMP, stamped
+from bench.procs import Agent, AgentFailed, end_owners, set_environ, spawn_owners
 from exitwatch import alive, on_death
 from exitwatch.contract import ENV_HOOK_DIR
 from exitwatch.kinds.spool.entry import ensure_spool
@@ -43,12 +43,11 @@ def run(engine: Engine, source: str, trials: int) -> dict:
         alive.ENV_WATCHDOG_DIR: spools["watchdogs"],
         alive.ENV_LEASE_DIR: spools["leases"],
     }
-    before = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
+    restore = set_environ(env)
     try:
         for i, (h, k) in enumerate(zip(hung, killed, strict=True)):
-            on_death(["bash", "-c", _STAMP, f"{work}/hung-{i}"], pid=h.proc.pid, timeout=10)
-            on_death(["bash", "-c", _STAMP, f"{work}/killed-{i}"], pid=k.proc.pid, timeout=10)
+            on_death(["bash", "-c", STAMP, f"{work}/hung-{i}"], pid=h.proc.pid, timeout=10)
+            on_death(["bash", "-c", STAMP, f"{work}/killed-{i}"], pid=k.proc.pid, timeout=10)
         agent = Agent(
             source,
             engine.host,
@@ -64,11 +63,11 @@ def run(engine: Engine, source: str, trials: int) -> dict:
             for i, (h, k) in enumerate(zip(hung, killed, strict=True)):
                 at = time.time()
                 k.kill()
-                floor_started = _stamp(f"{work}/killed-{i}")
+                floor_started = stamped(f"{work}/killed-{i}")
 
                 armed = time.time()
                 alive.watchdog(WATCHDOG_TIMEOUT, pid=h.proc.pid, grace=0.0)
-                started = _stamp(f"{work}/hung-{i}")
+                started = stamped(f"{work}/hung-{i}")
                 if started is None or floor_started is None:
                     missed += 1
                     continue
@@ -79,11 +78,7 @@ def run(engine: Engine, source: str, trials: int) -> dict:
         finally:
             agent.stop()
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        restore()
         end_owners(hung + killed)
         shutil.rmtree(work, ignore_errors=True)
     return result | {
